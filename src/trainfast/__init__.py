@@ -1,0 +1,23 @@
+"""trainfast keeps the accelerator fed: it measures, tunes and trains PyTorch models with every speed practice on."""
+
+import logging as _logging
+
+__version__ = "0.1.0"
+
+from trainfast.data import ImageFolder, build_model, ensure_demo_dataset  # noqa: E402
+from trainfast.loader import DevicePrefetcher, make_loader  # noqa: E402
+from trainfast.precision import PrecisionPolicy, resolve_precision  # noqa: E402
+from trainfast.trainer import FitResult, TrainConfig, Trainer  # noqa: E402
+
+# Like other training libraries: our INFO lines (what "auto" chose, progress) reach stderr unless the
+# application has configured logging itself.
+_log = _logging.getLogger("trainfast")
+if not _logging.getLogger().hasHandlers() and not _log.handlers:
+    _handler = _logging.StreamHandler()
+    _handler.setFormatter(_logging.Formatter("trainfast: %(message)s"))
+    _log.addHandler(_handler)
+    _log.setLevel(_logging.INFO)
+    _log.propagate = False
+
+__all__ = ["DevicePrefetcher", "FitResult", "ImageFolder", "PrecisionPolicy", "TrainConfig", "Trainer",
+           "__version__", "build_model", "ensure_demo_dataset", "make_loader", "resolve_precision"]

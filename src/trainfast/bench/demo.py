@@ -1,0 +1,104 @@
+"""`trainfast demo`: the same model, data and steps trained the naive way and the trainfast way, side by side."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from trainfast.bench.hardware import describe, hardware
+from trainfast.bench.naive import FloatNormalized, RunStats, naive_fit
+from trainfast.data.images import ImageFolder
+from trainfast.data.models import build_model
+from trainfast.data.synthetic import ensure_demo_dataset
+from trainfast.loader.make import make_loader
+from trainfast.loader.seeding import seed_all
+from trainfast.trainer.config import TrainConfig
+from trainfast.trainer.loop import Trainer
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoSpec:
+    dataset: str
+    epochs: int
+    batch_size: int = 64
+    image_size: int = 64
+    model: str = "convnet"
+    lr: float = 2e-3
+    weight_decay: float = 0.05
+    warmup_steps: int = 10
+    grad_clip: float = 1.0
+    seed: int = 0
+
+
+QUICK = DemoSpec(dataset="quick", epochs=3)
+FULL = DemoSpec(dataset="default", epochs=2)
+
+
+def run_trainfast(spec: DemoSpec, root: Path, batches_per_epoch: int) -> RunStats:
+    seed_all(spec.seed)
+    model = build_model(spec.model, num_classes=10, image_size=spec.image_size)
+    train = make_loader(ImageFolder(root / "train", image_size=spec.image_size), spec.batch_size, seed=spec.seed)
+    val = make_loader(ImageFolder(root / "val", image_size=spec.image_size, train=False), spec.batch_size,
+                      shuffle=False)
+    config = TrainConfig(epochs=spec.epochs, lr=spec.lr, weight_decay=spec.weight_decay, warmup_steps=spec.warmup_steps,
+                         grad_clip=spec.grad_clip, seed=spec.seed, limit_batches=batches_per_epoch, cpu_threads="auto",
+                         progress=False)
+    result = Trainer(model, config=config).fit(train, val)
+    return RunStats(name="trainfast", samples_per_s=result.samples_per_s, data_wait_fraction=result.data_wait_fraction,
+                    steps=result.steps, final_loss=result.final_loss, val_accuracy=result.val_accuracy,
+                    wall_s=result.wall_s)
+
+
+def run_naive(spec: DemoSpec, root: Path, batches_per_epoch: int) -> RunStats:
+    seed_all(spec.seed)
+    model = build_model(spec.model, num_classes=10, image_size=spec.image_size)
+    train = FloatNormalized(ImageFolder(root / "train", image_size=spec.image_size, decode="full"))
+    val = FloatNormalized(ImageFolder(root / "val", image_size=spec.image_size, train=False, decode="full"))
+    return naive_fit(model, train, val, epochs=spec.epochs, batches_per_epoch=batches_per_epoch,
+                     batch_size=spec.batch_size, lr=spec.lr, weight_decay=spec.weight_decay,
+                     warmup_steps=spec.warmup_steps, grad_clip=spec.grad_clip, seed=spec.seed,
+                     device=torch.device("cpu"))
+
+
+def run_demo(spec: DemoSpec, *, repeats: int = 1, console: Console | None = None) -> dict[str, Any]:
+    """Interleaved naive/trainfast pairs; the speedup is the median of the per-pair ratios."""
+    console = console or Console()
+    started = time.perf_counter()
+    root = ensure_demo_dataset(spec.dataset, seed=spec.seed)
+    console.print(f"demo dataset: {root} (generated or cached in {time.perf_counter() - started:.1f} s)")
+    n_train = len(ImageFolder(root / "train"))
+    batches_per_epoch = n_train // spec.batch_size  # both runs: exactly these full batches
+    pairs: list[tuple[RunStats, RunStats]] = []
+    for r in range(repeats):
+        console.print(f"[{r + 1}/{repeats}] naive run ...")
+        naive = run_naive(spec, root, batches_per_epoch)
+        console.print(f"[{r + 1}/{repeats}] trainfast run ...")
+        pairs.append((naive, run_trainfast(spec, root, batches_per_epoch)))
+    ratios = [fast.samples_per_s / naive.samples_per_s for naive, fast in pairs]
+    median_pair = sorted(pairs, key=lambda p: p[1].samples_per_s / p[0].samples_per_s)[len(pairs) // 2]
+    report = {"runs": [median_pair[0].to_json(), median_pair[1].to_json()],
+              "speedup": statistics.median(ratios), "speedup_min": min(ratios), "speedup_max": max(ratios),
+              "repeats": repeats, "spec": spec.__dict__, "hardware": hardware()}
+    console.print(render_table(report))
+    return report
+
+
+def render_table(report: dict[str, Any]) -> Table:
+    table = Table(title="naive vs trainfast (same model, data and steps)",
+                  caption=f"{describe(report['hardware'])}\n"
+                          f"speedup {report['speedup']:.2f}x samples/s" +
+                          (f" (median of {report['repeats']}, range {report['speedup_min']:.2f}-"
+                           f"{report['speedup_max']:.2f})" if report["repeats"] > 1 else ""))
+    for column in ("run", "samples/s", "data wait", "wall time", "final loss", "val accuracy"):
+        table.add_column(column, justify="left" if column == "run" else "right")
+    for run in report["runs"]:
+        table.add_row(run["name"], f"{run['samples_per_s']:,.0f}", f"{run['data_wait_fraction']:.0%}",
+                      f"{run['wall_s']:.1f} s", f"{run['final_loss']:.3f}", f"{run['val_accuracy']:.1%}")
+    return table

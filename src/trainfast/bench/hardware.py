@@ -1,0 +1,34 @@
+"""A short description of the machine a measurement ran on (provenance for every figure)."""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+import psutil
+import torch
+
+from trainfast.loader.cpus import affinity_cpus, cgroup_cpu_limit
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware() -> dict[str, Any]:
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return {"cpu": cpu_model(), "cpus": affinity_cpus(), "cgroup_cpu_limit": cgroup_cpu_limit(),
+            "memory_bytes": psutil.virtual_memory().total, "gpus": gpus, "torch": torch.__version__,
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def describe(hw: dict[str, Any]) -> str:
+    gpus = ", ".join(hw["gpus"]) or "no GPU"
+    return f"{hw['cpu']}, {hw['cpus']} CPUs, {hw['memory_bytes'] / 2**30:.0f} GiB, {gpus}, torch {hw['torch']}"

@@ -1,0 +1,82 @@
+"""Command-line flags generated from a config dataclass, so the help text is written once (in the config)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from typing import Any
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; use a positive integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not valid; use a positive integer")
+    return value
+
+
+def workers_arg(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid; use 'auto' or an integer >= 0 (0 loads in the main process)")
+    return value
+
+
+def _converter(tp: Any, name: str) -> tuple[Any, bool]:
+    """(argparse type function, is-bool) for a field's type hint."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    optional = type(None) in typing.get_args(tp)
+    if tp is bool:
+        return None, True
+    base = args[0] if args and typing.get_origin(tp) in (typing.Union, types.UnionType) else tp
+    accepts_str = str in args
+    kinds = [a for a in (args or [tp]) if a in (int, float)]
+
+    def convert(text: str) -> Any:
+        if optional and text.lower() == "none":
+            return None
+        for kind in kinds:
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        if accepts_str or base is str:
+            return text
+        what = " or ".join(k.__name__ for k in kinds) + (" or 'none'" if optional else "")
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid for --{name.replace('_', '-')}; expected {what}")
+
+    return convert, False
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = (),
+                     defaults: dict[str, Any] | None = None) -> None:
+    """One `--flag` per dataclass field (bools get `--x/--no-x`); defaults come from the dataclass."""
+    hints = typing.get_type_hints(cls)
+    defaults = defaults or {}
+    for f in dataclasses.fields(cls):
+        if f.name in skip or dataclasses.is_dataclass(hints[f.name]):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = defaults.get(f.name, f.default)
+        help_text = f"{f.metadata.get('help', '')} (default: {default})"
+        convert, is_bool = _converter(hints[f.name], f.name)
+        if is_bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        else:
+            parser.add_argument(flag, type=convert, default=default, help=help_text,
+                                choices=f.metadata.get("choices"), metavar=f.name.upper())
+
+
+def config_values(args: argparse.Namespace, cls: type, *, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The parsed values of `cls`'s fields, ready for `cls(**values)`."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+            if f.name not in skip and hasattr(args, f.name)}

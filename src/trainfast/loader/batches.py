@@ -1,0 +1,60 @@
+"""The batch order of an epoch: which sample indices form each batch, and each batch's seed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from trainfast.loader.seeding import derive_seed
+
+
+class EpochBatches(torch.utils.data.Sampler[tuple[int, np.ndarray]]):
+    """Yields `(batch_seed, indices)` for one epoch; the order is a function of (seed, epoch) only.
+
+    With `world_size > 1` each rank takes every `world_size`-th sample of the shuffled order, padded
+    by wrapping around so every rank has the same number of batches (as `DistributedSampler`).
+    `start_at(b)` makes the next epoch begin at batch `b`: resuming mid-epoch costs nothing, no
+    batch is fetched only to be thrown away.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool, drop_last: bool, seed: int = 0,
+                 rank: int = 0, world_size: int = 1) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} is not valid; use a positive integer")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} is outside world_size={world_size}")
+        self.num_samples, self.batch_size = num_samples, batch_size
+        self.shuffle, self.drop_last, self.seed = shuffle, drop_last, seed
+        self.rank, self.world_size = rank, world_size
+        self.epoch = 0
+        self._start = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def start_at(self, batch: int) -> None:
+        """Skip the first `batch` batches of the next epoch iterated (once)."""
+        if not 0 <= batch <= len(self):
+            raise ValueError(f"start batch {batch} is outside the epoch's {len(self)} batches")
+        self._start = batch
+
+    def _per_rank(self) -> int:
+        return -(-self.num_samples // self.world_size)
+
+    def __len__(self) -> int:
+        n = self._per_rank()
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(self.num_samples)
+        else:
+            order = np.arange(self.num_samples)
+        if self.world_size > 1:
+            total = self._per_rank() * self.world_size
+            order = np.resize(order, total)[self.rank::self.world_size]  # np.resize wraps around
+        start, self._start = self._start, 0
+        for b in range(start, len(self)):
+            yield derive_seed(self.seed, self.epoch, self.rank, b), order[b * self.batch_size:(b + 1) * self.batch_size]

@@ -1,0 +1,164 @@
+"""`make_loader`: a DataLoader with every speed setting resolved, and exact, cheap resume."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from trainfast.data.images import Normalize
+from trainfast.loader.auto import Auto, LoaderPlan, plan_loader
+from trainfast.loader.batches import EpochBatches
+from trainfast.loader.cpus import available_cpus
+from trainfast.loader.memory import TensorLoader
+from trainfast.loader.seeding import seed_all, seeded
+
+log = logging.getLogger("trainfast")
+
+
+class _SeededBatches(Dataset[Any]):
+    """Fetches and collates a whole batch, its RNGs seeded from the batch's own seed (see seeding.py)."""
+
+    def __init__(self, dataset: Dataset[Any], collate_fn: Callable[[list[Any]], Any]) -> None:
+        self.dataset, self.collate_fn = dataset, collate_fn
+        self.in_worker = False
+
+    def __getitem__(self, key: tuple[int, Any]) -> Any:
+        seed, indices = key
+        indices = indices.tolist()
+        if self.in_worker:  # a worker's RNGs are its own: seed them outright
+            seed_all(seed)
+            return self._fetch(indices)
+        with seeded(seed):  # the main process: leave the training RNG stream as it was
+            return self._fetch(indices)
+
+    def _fetch(self, indices: list[int]) -> Any:
+        getitems = getattr(self.dataset, "__getitems__", None)
+        samples = getitems(indices) if getitems is not None else [self.dataset[i] for i in indices]
+        return self.collate_fn(samples)
+
+
+def _mark_worker(worker_id: int) -> None:
+    info = torch.utils.data.get_worker_info()
+    assert info is not None  # DataLoader calls this only inside a worker
+    info.dataset.in_worker = True  # type: ignore[attr-defined]
+
+
+class Loader:
+    """Iterates batches like a DataLoader; each `iter()` is the next epoch unless `set_epoch` says otherwise.
+
+    `start_at(b)` makes the next epoch begin at batch `b` (resume), `plan` says what was chosen and why.
+    """
+
+    def __init__(self, dataloader: DataLoader[Any], batches: EpochBatches, plan: LoaderPlan,
+                 dataset: Dataset[Any], normalize: Normalize | None) -> None:
+        self.dataloader, self.batches, self.plan = dataloader, batches, plan
+        self.dataset, self.normalize = dataset, normalize
+        self.batch_size = batches.batch_size
+        self._next_epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self._next_epoch = epoch
+
+    def start_at(self, batch: int) -> None:
+        self.batches.start_at(batch)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[Any]:
+        self.batches.set_epoch(self._next_epoch)
+        self._next_epoch += 1
+        return iter(self.dataloader)
+
+
+def _check_choice(name: str, value: Any, ok: bool, valid: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}={value!r} is not valid; use {valid}")
+
+
+def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int, *, shuffle: bool = True,
+                workers: int | Auto = "auto", pin_memory: bool | Auto = "auto",
+                prefetch_factor: int | Auto = "auto", persistent_workers: bool | Auto = "auto",
+                drop_last: bool | Auto = "auto", device: str | torch.device = "auto", seed: int = 0,
+                collate_fn: Callable[[list[Any]], Any] | None = None, normalize: Normalize | None = None,
+                rank: int | None = None, world_size: int | None = None,
+                multiprocessing_context: str | None = None, timeout_s: float = 0) -> Loader | TensorLoader:
+    """A loader with every "auto" resolved for this machine; logs what it chose and why.
+
+    `dataset` may be any map-style Dataset, or tensors already in memory (a `TensorDataset` or a
+    sequence of tensors), which take the in-memory path: batched indexing, no workers, no collate.
+    Shuffle order and per-batch augmentation seeds depend only on (seed, epoch, batch), never on the
+    worker count. `rank`/`world_size` default to torchrun's `RANK`/`WORLD_SIZE`.
+
+    >>> loader = make_loader(dataset, 64)          # doctest: +SKIP
+    >>> for inputs, targets in loader: ...          # doctest: +SKIP
+    """
+    _check_choice("batch_size", batch_size, isinstance(batch_size, int) and batch_size >= 1, "a positive integer")
+    _check_choice("workers", workers, workers == "auto" or (isinstance(workers, int) and workers >= 0),
+                  "'auto' or an integer >= 0")
+    _check_choice("prefetch_factor", prefetch_factor,
+                  prefetch_factor == "auto" or (isinstance(prefetch_factor, int) and prefetch_factor >= 1),
+                  "'auto' or an integer >= 1")
+    target = _target_type(device)
+    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    # torchrun starts one process per device; they share this machine's CPUs.
+    local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    cpus = max(1, available_cpus() // local_procs)
+
+    tensors = _in_memory_tensors(dataset)
+    n = tensors[0].shape[0] if tensors is not None else len(dataset)  # type: ignore[arg-type]
+    plan = plan_loader(workers=workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
+                       persistent_workers=persistent_workers, drop_last=drop_last, shuffle=shuffle,
+                       dataset_len=n, in_memory=tensors is not None, target=target, cpus=cpus)
+    norm = normalize if normalize is not None else getattr(dataset, "normalize", None)
+    if tensors is not None and plan.num_workers == 0:
+        log.info("make_loader: in-memory path; %s", plan.describe())
+        return TensorLoader(tensors, batch_size, shuffle=shuffle, drop_last=plan.drop_last, seed=seed, rank=rank,
+                            world_size=world_size, pin_memory=plan.pin_memory, normalize=norm, plan=plan)
+    if tensors is not None and not isinstance(dataset, Dataset):
+        dataset = TensorDataset(*tensors)
+    assert isinstance(dataset, Dataset)
+    batches = EpochBatches(n, batch_size, shuffle=shuffle, drop_last=plan.drop_last, seed=seed, rank=rank,
+                           world_size=world_size)
+    fetch = _SeededBatches(dataset, collate_fn or torch.utils.data.default_collate)
+    extra: dict[str, Any] = {}
+    if plan.num_workers > 0:
+        extra = {"prefetch_factor": plan.prefetch_factor, "persistent_workers": plan.persistent_workers,
+                 "worker_init_fn": _mark_worker, "multiprocessing_context": multiprocessing_context,
+                 "timeout": timeout_s}
+    dataloader = DataLoader(
+        fetch, batch_size=None, sampler=batches, num_workers=plan.num_workers, pin_memory=plan.pin_memory,
+        collate_fn=_identity,
+        # Own generator: DataLoader otherwise draws its worker base seed from the global RNG at every
+        # iter(), shifting the training RNG stream (dropout) by one draw per epoch or resume.
+        generator=torch.Generator().manual_seed(seed), **extra)
+    log.info("make_loader: %s", plan.describe())
+    return Loader(dataloader, batches, plan, dataset, norm)
+
+
+def _identity(batch: Any) -> Any:
+    return batch
+
+
+def _target_type(device: str | torch.device) -> str:
+    if isinstance(device, torch.device):
+        return device.type
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    kind = device.split(":")[0]
+    _check_choice("device", device, kind in ("cpu", "cuda"), "'auto', 'cpu', 'cuda' or 'cuda:N'")
+    return kind
+
+
+def _in_memory_tensors(dataset: Any) -> tuple[torch.Tensor, ...] | None:
+    if isinstance(dataset, TensorDataset):
+        return tuple(dataset.tensors)
+    if isinstance(dataset, (tuple, list)) and dataset and all(isinstance(t, torch.Tensor) for t in dataset):
+        return tuple(dataset)
+    return None

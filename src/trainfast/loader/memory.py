@@ -1,0 +1,58 @@
+"""The in-memory path: tensors already in RAM batched by indexing whole index arrays.
+
+A `DataLoader` over a `TensorDataset` calls `__getitem__` once per sample and then collates the
+pieces with `torch.stack`: for 64 small samples that is ~64 Python calls and 64 tiny tensors per
+batch. One `tensor[index_array]` gather does the same work in a single kernel (benchmarks/in_memory.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from trainfast.data.images import Normalize
+from trainfast.loader.auto import LoaderPlan
+from trainfast.loader.batches import EpochBatches
+
+
+class TensorLoader:
+    """Batches of `tensors` (all with the same first dimension), in `EpochBatches` order."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor], batch_size: int, *, shuffle: bool = True,
+                 drop_last: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 pin_memory: bool = False, normalize: Normalize | None = None,
+                 plan: LoaderPlan | None = None) -> None:
+        if not tensors:
+            raise ValueError("TensorLoader needs at least one tensor")
+        n = tensors[0].shape[0]
+        sizes = [t.shape[0] for t in tensors]
+        if any(s != n for s in sizes):
+            raise ValueError(f"tensors disagree on their first dimension: {sizes}; they must all have {n} rows")
+        self.tensors = tuple(tensors)
+        self.batches = EpochBatches(n, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed,
+                                    rank=rank, world_size=world_size)
+        self.batch_size, self.pin_memory, self.normalize = batch_size, pin_memory, normalize
+        self.plan = plan
+        self._next_epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self._next_epoch = epoch
+
+    def start_at(self, batch: int) -> None:
+        self.batches.start_at(batch)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        self.batches.set_epoch(self._next_epoch)
+        self._next_epoch += 1
+        contiguous = not self.batches.shuffle and self.batches.world_size == 1
+        for _, idx in self.batches:
+            if contiguous:  # plain slices are views: no gather at all
+                batch = tuple(t[int(idx[0]):int(idx[-1]) + 1] for t in self.tensors)
+            else:
+                index = torch.from_numpy(idx)
+                batch = tuple(t[index] for t in self.tensors)
+            yield tuple(b.pin_memory() for b in batch) if self.pin_memory else batch

@@ -1,0 +1,107 @@
+"""`DevicePrefetcher`: overlap the host-to-device copy of batch N+1 with the compute of batch N.
+
+On CUDA the copy runs on a side stream with `non_blocking=True` (truly asynchronous only from pinned
+memory), followed there by uint8 -> float conversion and normalisation, so the compute stream
+receives ready inputs and never waits on PCIe. Moving uint8 moves 4x fewer bytes than float32.
+On the CPU the same conversion happens inline: there is nothing to overlap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from trainfast.data.images import Normalize
+
+
+def move(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    """`batch` (tensors nested in tuples, lists and dicts) with every tensor on `device`."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(move(b, device, non_blocking) for b in batch)
+    if isinstance(batch, dict):
+        return {k: move(v, device, non_blocking) for k, v in batch.items()}
+    return batch
+
+
+def _tensors(batch: Any) -> Iterator[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, (tuple, list)):
+        for b in batch:
+            yield from _tensors(b)
+    elif isinstance(batch, dict):
+        for v in batch.values():
+            yield from _tensors(v)
+
+
+class InputTransform:
+    """uint8 -> float, normalise, and optionally channels_last, applied to a batch's inputs (its first item)."""
+
+    def __init__(self, device: torch.device, normalize: Normalize | None, channels_last: bool) -> None:
+        self.channels_last = channels_last
+        self.scale = self.shift = None
+        if normalize is not None:
+            # (x/255 - mean)/std == x * scale + shift, one fused multiply-add per element
+            std = torch.tensor(normalize.std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+            mean = torch.tensor(normalize.mean, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+            self.scale, self.shift = 1 / (255 * std), -mean / std
+
+    def __call__(self, batch: Any) -> Any:
+        if not isinstance(batch, (tuple, list)) or not batch or not isinstance(batch[0], torch.Tensor):
+            return batch
+        x = batch[0]
+        if self.scale is not None and x.dtype == torch.uint8:
+            x = torch.addcmul(self.shift, x.float(), self.scale) if x.dim() == 4 else x.float()
+        if self.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return type(batch)((x, *batch[1:]))
+
+
+class DevicePrefetcher:
+    """Iterate `loader`'s batches on `device`, one batch ahead, inputs converted and normalised."""
+
+    def __init__(self, loader: Iterable[Any], device: torch.device | str, *, normalize: Normalize | None = None,
+                 channels_last: bool = False) -> None:
+        self.loader = loader
+        self.device = torch.device(device)
+        self.transform = InputTransform(self.device, normalize, channels_last)
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.device.type != "cuda":
+            for batch in self.loader:
+                yield self.transform(move(batch, self.device))
+            return
+        yield from self._cuda_iter()
+
+    def _cuda_iter(self) -> Iterator[Any]:
+        stream = torch.cuda.Stream(self.device)
+        compute = torch.cuda.current_stream(self.device)
+
+        def stage(raw: Any) -> Any:
+            with torch.cuda.stream(stream):
+                return self.transform(move(raw, self.device, non_blocking=True))
+
+        it = iter(self.loader)
+        try:
+            ahead = stage(next(it))
+        except StopIteration:
+            return
+        while ahead is not None:
+            compute.wait_stream(stream)
+            batch = ahead
+            for t in _tensors(batch):
+                # The memory was allocated on the side stream: tell the allocator the compute stream uses
+                # it too, or it could be reused by the next copy while the kernels still read it.
+                t.record_stream(compute)
+            try:
+                ahead = stage(next(it))
+            except StopIteration:
+                ahead = None
+            yield batch

@@ -1,0 +1,149 @@
+"""`PrecisionPolicy`: which numeric precision to train in, resolved once from the device's abilities.
+
+"auto" picks bf16-mixed on CUDA devices that support bf16 (Ampere and newer: same exponent range as
+fp32, so no loss scaling), 16-mixed with a GradScaler on older CUDA devices, and 32-true on the CPU,
+where autocast rarely pays. Only `torch.amp` is used; `torch.cuda.amp` is deprecated.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+PrecisionName = Literal["auto", "bf16-mixed", "16-mixed", "32-true"]
+PRECISIONS: tuple[str, ...] = ("auto", "bf16-mixed", "16-mixed", "32-true")
+log = logging.getLogger("trainfast")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScalerConfig:
+    """GradScaler knobs (torch's defaults). Lower `init_scale` if the first steps are all skipped."""
+
+    init_scale: float = 2.0**16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+
+    def __post_init__(self) -> None:
+        if self.init_scale <= 0 or self.growth_factor <= 1 or not 0 < self.backoff_factor < 1 or self.growth_interval < 1:
+            raise ValueError(f"invalid {self}: need init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1, "
+                             "growth_interval >= 1")
+
+
+@dataclass(frozen=True)
+class DeviceCaps:
+    """What the precision choice depends on; read from the device, faked in tests."""
+
+    device_type: str
+    capability: tuple[int, int] | None = None  # CUDA compute capability
+    bf16: bool = False
+
+
+def device_caps(device: torch.device) -> DeviceCaps:
+    if device.type != "cuda":
+        return DeviceCaps(device.type)
+    return DeviceCaps("cuda", torch.cuda.get_device_capability(device), torch.cuda.is_bf16_supported())
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """A resolved precision: autocast dtype (None = fp32), whether a loss scaler is needed, TF32."""
+
+    name: str
+    device_type: str
+    autocast_dtype: torch.dtype | None
+    needs_scaler: bool
+    tf32: bool
+    reason: str
+
+    def autocast(self) -> AbstractContextManager[object]:
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device_type, dtype=self.autocast_dtype)
+
+    @contextmanager
+    def tf32_enabled(self) -> Iterator[None]:
+        """TF32 matmuls and convolutions for the duration (Ampere+: ~8x fp32 matmul rate, 10-bit mantissa)."""
+        if not self.tf32:
+            yield
+            return
+        matmul, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cudnn.allow_tf32 = True
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(matmul)
+            torch.backends.cudnn.allow_tf32 = cudnn
+
+
+def resolve_precision(requested: str, caps: DeviceCaps) -> PrecisionPolicy:
+    """Pure: the policy for `requested` on a device with `caps`. Raises ValueError for impossible choices."""
+    if requested not in PRECISIONS:
+        raise ValueError(f"precision={requested!r} is not valid; choose one of: {', '.join(PRECISIONS)}")
+    cuda = caps.device_type == "cuda"
+    ampere = cuda and caps.capability is not None and caps.capability >= (8, 0)
+    name, why = requested, "requested"
+    if requested == "auto":
+        if not cuda:
+            name, why = "32-true", f"{caps.device_type} device: autocast seldom speeds up CPU training"
+        elif caps.bf16:
+            name, why = "bf16-mixed", f"CUDA capability {caps.capability} supports bf16: fp32 range, no loss scaling"
+        else:
+            name, why = "16-mixed", f"CUDA capability {caps.capability} lacks bf16: fp16 with a GradScaler"
+    if name == "bf16-mixed" and cuda and not caps.bf16:
+        raise ValueError(f"precision='bf16-mixed' needs a bf16-capable GPU; capability {caps.capability} is not. "
+                         "Use '16-mixed' (fp16 with loss scaling) or 'auto'")
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(name)
+    return PrecisionPolicy(name=name, device_type=caps.device_type, autocast_dtype=dtype,
+                           needs_scaler=name == "16-mixed", tf32=ampere, reason=why)
+
+
+class LossScaler:
+    """A `torch.amp.GradScaler` that also counts skipped steps on the device (no host sync per step)."""
+
+    def __init__(self, device: torch.device, enabled: bool, config: ScalerConfig | None = None) -> None:
+        cfg = config or ScalerConfig()
+        self.enabled = enabled
+        self.scaler = torch.amp.GradScaler(device.type, init_scale=cfg.init_scale, growth_factor=cfg.growth_factor,
+                                           backoff_factor=cfg.backoff_factor, growth_interval=cfg.growth_interval,
+                                           enabled=enabled)
+        self._skipped = torch.zeros((), dtype=torch.int64, device=device)
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return self.scaler.scale(loss) if self.enabled else loss
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.enabled:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self.enabled:
+            optimizer.step()
+            return
+        self.scaler.step(optimizer)
+        # found_inf is only kept until update(): add it now, on the device.
+        for found in self.scaler._found_inf_per_device(optimizer).values():
+            self._skipped += found.to(self._skipped.device, torch.int64)
+        self.scaler.update()
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped because gradients were inf/NaN (reading it synchronises)."""
+        return int(self._skipped.item())
+
+    @property
+    def loss_scale(self) -> float:
+        return float(self.scaler.get_scale()) if self.enabled else 1.0
+
+    def state_dict(self) -> dict[str, object]:
+        return {"scaler": self.scaler.state_dict(), "skipped": self._skipped.cpu()}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.scaler.load_state_dict(state["scaler"])  # type: ignore[arg-type]
+        self._skipped.copy_(state["skipped"])  # type: ignore[arg-type]

@@ -1,0 +1,8 @@
+"""Training: `Trainer`, its frozen `TrainConfig`, callbacks and crash-safe checkpoints."""
+
+from trainfast.trainer.checkpoint import CheckpointError, atomic_save, load_checkpoint
+from trainfast.trainer.config import ConfigError, TrainConfig
+from trainfast.trainer.loop import FitResult, NonFiniteLossError, Trainer
+
+__all__ = ["CheckpointError", "ConfigError", "FitResult", "NonFiniteLossError", "TrainConfig", "Trainer",
+           "atomic_save", "load_checkpoint"]

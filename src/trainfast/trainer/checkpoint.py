@@ -1,0 +1,108 @@
+"""Checkpoints that survive crashes: atomic writes, verified reads, RNG state in `weights_only` form.
+
+A checkpoint is one `torch.save` zip. It is written to a temporary file in the target folder, flushed,
+fsync'ed and renamed over the old one (`os.replace` is atomic within a file system), so a crash at
+any instant leaves either the old or the new file, never a torn one. `torch.load` does not check the
+zip's CRCs, so a flipped byte inside a tensor would load silently; `load_checkpoint` checks them first.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+TEMP_PREFIX = ".trainfast-"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing, corrupt, or not a trainfast checkpoint; the message names it."""
+
+
+def atomic_save(obj: Any, path: str | Path) -> Path:
+    """`torch.save(obj)` to `path` so that `path` is always either the previous file or the complete new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)  # make the rename itself durable
+    return path
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # not supported on every platform/file system
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Verify the zip CRCs, then `torch.load(..., weights_only=True)`: no pickle code ever runs."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {str(path)!r}")
+    try:
+        with zipfile.ZipFile(path) as zf:
+            bad = zf.testzip()
+    except (zipfile.BadZipFile, OSError) as e:
+        raise CheckpointError(f"checkpoint {str(path)!r} is truncated or not a torch.save file ({e})") from e
+    if bad is not None:
+        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: CRC mismatch in {bad!r}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # torch raises UnpicklingError, RuntimeError, ... for unsafe or damaged content
+        raise CheckpointError(f"checkpoint {str(path)!r} cannot be loaded safely: {e}") from e
+    if not isinstance(state, dict) or "model" not in state:
+        raise CheckpointError(f"{str(path)!r} is not a trainfast checkpoint (no 'model' entry)")
+    return state
+
+
+def rng_state() -> dict[str, Any]:
+    """torch, CUDA, numpy and Python RNG states as tensors, ints and lists (loadable with weights_only)."""
+    _, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)  # type: ignore[misc]
+    version, py_state, py_gauss = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
+                  "gauss": float(gauss)},
+        "python": {"version": version, "state": list(py_state), "gauss": py_gauss},
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+
+
+def versions() -> dict[str, str]:
+    from trainfast import __version__
+
+    return {"trainfast": __version__, "torch": torch.__version__, "numpy": np.__version__,
+            "python": platform.python_version(), "cuda": str(torch.version.cuda)}

@@ -1,0 +1,90 @@
+"""`TrainConfig`: every Trainer setting, validated once; the CLI's flags are generated from it."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainfast.precision.policy import PRECISIONS, ScalerConfig
+
+
+def _opt(help: str, **extra: Any) -> dict[str, Any]:
+    return {"help": help, **extra}
+
+
+class ConfigError(ValueError):
+    """A setting has a value that cannot work; the message names it, the valid choices and the fix."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    epochs: int = field(default=1, metadata=_opt("passes over the training data"))
+    lr: float = field(default=2e-3, metadata=_opt("peak learning rate (AdamW, after warm-up)"))
+    weight_decay: float = field(default=0.05, metadata=_opt("AdamW weight decay (matrices and kernels only)"))
+    warmup_steps: int = field(default=20, metadata=_opt("linear warm-up steps before the cosine decay"))
+    grad_clip: float | None = field(default=1.0, metadata=_opt("clip the gradient norm to this (unscaled); none disables"))
+    accumulate: int = field(default=1, metadata=_opt("micro-batches per optimizer step (gradient accumulation)"))
+    precision: str = field(default="auto", metadata=_opt("numeric precision", choices=PRECISIONS))
+    compile: bool = field(default=False, metadata=_opt("torch.compile the model (pays off on long runs)"))
+    channels_last: bool | str = field(
+        default="auto", metadata=_opt("NHWC memory format: true, false, or 'auto' (conv nets on the CPU or with mixed precision)"))
+    cudnn_benchmark: bool = field(default=True, metadata=_opt("let cuDNN pick the fastest conv algorithms (CUDA)"))
+    log_every: int = field(default=50, metadata=_opt("read metrics from the device every N optimizer steps"))
+    log_interval_s: float = field(default=10.0, metadata=_opt("seconds between log lines when stderr is not a terminal"))
+    checkpoint_dir: str | None = field(default=None, metadata=_opt("write last.pt and best.pt here"))
+    seed: int = field(default=0, metadata=_opt("seed for weights init, data order and augmentation"))
+    limit_batches: int | None = field(default=None, metadata=_opt("train on at most N batches per epoch"))
+    limit_val_batches: int | None = field(default=None, metadata=_opt("validate on at most N batches"))
+    device: str = field(default="auto", metadata=_opt("'auto', 'cpu', 'cuda' or 'cuda:N'"))
+    cpu_threads: int | str | None = field(
+        default=None, metadata=_opt("intra-op threads: N, 'auto' (split cores with loader workers), none = leave torch's"))
+    progress: bool = field(default=True, metadata=_opt("show a progress bar on a terminal, log lines otherwise"))
+    scaler: ScalerConfig = field(default_factory=ScalerConfig, metadata=_opt("GradScaler knobs (16-mixed)"))
+
+    def __post_init__(self) -> None:
+        _positive(self, "epochs", "accumulate", "log_every")
+        _positive(self, "limit_batches", "limit_val_batches", optional=True)
+        if self.lr <= 0:
+            raise ConfigError(f"lr={self.lr} is not valid; use a positive learning rate such as 1e-3")
+        if self.weight_decay < 0 or self.warmup_steps < 0:
+            raise ConfigError(f"weight_decay={self.weight_decay}, warmup_steps={self.warmup_steps}: both must be >= 0")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ConfigError(f"grad_clip={self.grad_clip} is not valid; use a positive norm such as 1.0, or None to disable")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision={self.precision!r} is not valid; choose one of: {', '.join(PRECISIONS)}")
+        kind, _, index = self.device.partition(":")
+        if kind not in ("auto", "cpu", "cuda") or (index and (kind != "cuda" or not index.isdigit())):
+            raise ConfigError(f"device={self.device!r} is not valid; use 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        if self.channels_last not in (True, False, "auto"):
+            raise ConfigError(f"channels_last={self.channels_last!r} is not valid; use True, False or 'auto'")
+        t = self.cpu_threads
+        if not (t is None or t == "auto" or (isinstance(t, int) and t >= 1)):
+            raise ConfigError(f"cpu_threads={t!r} is not valid; use a positive integer, 'auto' or None")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        """Build from a plain dict (a config file, a checkpoint); unknown keys are errors, with suggestions."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in values:
+            if key not in names:
+                close = difflib.get_close_matches(key, names, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(names)}"
+                raise ConfigError(f"unknown TrainConfig key {key!r}{hint}")
+        values = dict(values)
+        if isinstance(values.get("scaler"), dict):
+            values["scaler"] = ScalerConfig(**values["scaler"])
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _positive(cfg: TrainConfig, *names: str, optional: bool = False) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        if optional and value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name}={value!r} is not valid; use a positive integer" + (" or None" if optional else ""))

@@ -1,0 +1,36 @@
+"""Graceful stop on SIGTERM (preemption): the loop finishes its step, saves, and exits 143."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import types
+from typing import Any
+
+log = logging.getLogger("trainfast")
+EXIT_CODE = 143  # 128 + SIGTERM, what schedulers expect from a process stopped by SIGTERM
+
+
+class StopSignal:
+    """While active, the given signals set `requested` instead of killing the process."""
+
+    def __init__(self, signals: tuple[signal.Signals, ...] = (signal.SIGTERM,)) -> None:
+        self.signals = signals
+        self.requested: signal.Signals | None = None
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def _handle(self, signum: int, frame: types.FrameType | None) -> None:
+        self.requested = signal.Signals(signum)
+        log.warning("%s received: finishing the current step, then saving a checkpoint", self.requested.name)
+
+    def __enter__(self) -> StopSignal:
+        if threading.current_thread() is threading.main_thread():  # handlers can only be set there
+            for s in self.signals:
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous.clear()
