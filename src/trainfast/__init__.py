@@ -4,10 +4,10 @@ import logging as _logging
 
 __version__ = "0.1.0"
 
-from trainfast.data import ImageFolder, build_model, ensure_demo_dataset  # noqa: E402
-from trainfast.loader import DevicePrefetcher, make_loader  # noqa: E402
-from trainfast.precision import PrecisionPolicy, resolve_precision  # noqa: E402
-from trainfast.trainer import FitResult, TrainConfig, Trainer  # noqa: E402
+from trainfast.data import ImageFolder, build_model, ensure_demo_dataset
+from trainfast.loader import DevicePrefetcher, make_loader
+from trainfast.precision import PrecisionPolicy, resolve_precision
+from trainfast.trainer import FitResult, TrainConfig, Trainer
 
 # Like other training libraries: our INFO lines (what "auto" chose, progress) reach stderr unless the
 # application has configured logging itself.

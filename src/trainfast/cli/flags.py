@@ -31,6 +31,9 @@ def workers_arg(text: str) -> int | str:
     return value
 
 
+_BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
 def _converter(tp: Any, name: str) -> tuple[Any, bool]:
     """(argparse type function, is-bool) for a field's type hint."""
     args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -44,6 +47,8 @@ def _converter(tp: Any, name: str) -> tuple[Any, bool]:
     def convert(text: str) -> Any:
         if optional and text.lower() == "none":
             return None
+        if bool in args and text.lower() in _BOOLS:
+            return _BOOLS[text.lower()]
         for kind in kinds:
             try:
                 return kind(text)
@@ -51,7 +56,8 @@ def _converter(tp: Any, name: str) -> tuple[Any, bool]:
                 pass
         if accepts_str or base is str:
             return text
-        what = " or ".join(k.__name__ for k in kinds) + (" or 'none'" if optional else "")
+        what = " or ".join([k.__name__ for k in kinds] + (["true/false"] if bool in args else [])
+                           + (["'none'"] if optional else []))
         raise argparse.ArgumentTypeError(f"{text!r} is not valid for --{name.replace('_', '-')}; expected {what}")
 
     return convert, False
@@ -72,8 +78,9 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[
         if is_bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
-            parser.add_argument(flag, type=convert, default=default, help=help_text,
-                                choices=f.metadata.get("choices"), metavar=f.name.upper())
+            choices = f.metadata.get("choices")
+            parser.add_argument(flag, type=convert, default=default, help=help_text, choices=choices,
+                                metavar=None if choices else f.name.upper())
 
 
 def config_values(args: argparse.Namespace, cls: type, *, skip: tuple[str, ...] = ()) -> dict[str, Any]:

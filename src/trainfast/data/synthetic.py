@@ -50,19 +50,20 @@ def demo_dir(size: str = "quick", seed: int = 0) -> Path:
     return cache_root() / f"demo-v{_LAYOUT_VERSION}-{size}-seed{seed}"
 
 
-def ensure_demo_dataset(size: str = "quick", *, seed: int = 0, root: Path | None = None,
+def ensure_demo_dataset(size: str | DemoSize = "quick", *, seed: int = 0, root: Path | None = None,
                         processes: int | None = None) -> Path:
     """Return the demo dataset folder (`train/` and `val/` in ImageFolder layout), making it if absent.
 
     The folder is built under a temporary name and renamed when complete, so an interrupted run never
-    leaves a half-made dataset that a later run would trust.
+    leaves a half-made dataset that a later run would trust, and processes that race to make it (one
+    per rank under torchrun) all end up using the first complete one.
     """
-    if size not in SIZES:
+    if isinstance(size, str) and size not in SIZES:
         raise ValueError(f"unknown demo dataset size {size!r}; valid sizes: {', '.join(SIZES)}")
-    target = root if root is not None else demo_dir(size, seed)
-    if (target / "train").is_dir() and (target / "val").is_dir():
+    spec = SIZES[size] if isinstance(size, str) else size
+    target = root if root is not None else demo_dir(spec.name, seed)
+    if _complete(target):
         return target
-    spec = SIZES[size]
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
@@ -79,11 +80,20 @@ def ensure_demo_dataset(size: str = "quick", *, seed: int = 0, root: Path | None
         else:
             for job in jobs:
                 _write_one(job)
-        os.replace(staging, target)
+        try:
+            os.replace(staging, target)
+        except OSError:
+            if not _complete(target):  # not a lost race: a real failure
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
+
+
+def _complete(folder: Path) -> bool:
+    return (folder / "train").is_dir() and (folder / "val").is_dir()
 
 
 def _write_one(job: tuple[Path, str, int, int, int]) -> None:

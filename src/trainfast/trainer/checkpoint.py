@@ -1,17 +1,14 @@
 """Checkpoints that survive crashes: atomic writes, verified reads, RNG state in `weights_only` form.
 
-A checkpoint is one `torch.save` zip. It is written to a temporary file in the target folder, flushed,
-fsync'ed and renamed over the old one (`os.replace` is atomic within a file system), so a crash at
-any instant leaves either the old or the new file, never a torn one. `torch.load` does not check the
+A checkpoint is one `torch.save` zip, written atomically (see `trainfast.atomic`): a crash at any
+instant leaves either the old or the new file, never a torn one. `torch.load` does not check the
 zip's CRCs, so a flipped byte inside a tensor would load silently; `load_checkpoint` checks them first.
 """
 
 from __future__ import annotations
 
-import os
 import platform
 import random
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -19,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-TEMP_PREFIX = ".trainfast-"
+from trainfast.atomic import atomic_write
 
 
 class CheckpointError(RuntimeError):
@@ -28,33 +25,7 @@ class CheckpointError(RuntimeError):
 
 def atomic_save(obj: Any, path: str | Path) -> Path:
     """`torch.save(obj)` to `path` so that `path` is always either the previous file or the complete new one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)  # make the rename itself durable
-    return path
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # not supported on every platform/file system
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    return atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -20,12 +19,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainfast.atomic import atomic_copy
 from trainfast.loader.auto import threads_beside_workers
 from trainfast.loader.cpus import available_cpus
 from trainfast.loader.prefetch import DevicePrefetcher
 from trainfast.precision.policy import LossScaler, device_caps, resolve_precision
 from trainfast.trainer.callbacks import check_callbacks, emit
-from trainfast.trainer.checkpoint import CheckpointError, atomic_save, load_checkpoint, rng_state, set_rng_state, versions
+from trainfast.trainer.checkpoint import (
+    CheckpointError,
+    atomic_save,
+    load_checkpoint,
+    rng_state,
+    set_rng_state,
+    versions,
+)
 from trainfast.trainer.clock import StepClock
 from trainfast.trainer.config import ConfigError, TrainConfig
 from trainfast.trainer.device import resolve_device
@@ -261,9 +268,7 @@ class Trainer:
         if self.config.checkpoint_dir:
             path = self.save(Path(self.config.checkpoint_dir) / "last.pt")
             if improved:
-                best = Path(self.config.checkpoint_dir) / "best.pt"
-                shutil.copyfile(path, best.with_name(best.name + ".copy"))  # copy, then atomic rename
-                Path(best.with_name(best.name + ".copy")).replace(best)
+                best = atomic_copy(path, Path(self.config.checkpoint_dir) / "best.pt")
                 emit(self.callbacks, "on_checkpoint", self, best)
         emit(self.callbacks, "on_epoch_end", self, self.epoch - 1, metrics)
         self.clock.resume()

@@ -1,0 +1,87 @@
+"""`trainfast train`: train a reference model on an image folder (the demo dataset by default)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from trainfast.cli.flags import add_config_flags, config_values, positive_int, workers_arg
+from trainfast.cli.output import write_json
+from trainfast.data.images import ImageFolder
+from trainfast.data.models import MODELS, build_model
+from trainfast.data.synthetic import SIZES, ensure_demo_dataset
+from trainfast.loader.make import make_loader
+from trainfast.loader.seeding import seed_all
+from trainfast.trainer.checkpoint import CheckpointError
+from trainfast.trainer.config import TrainConfig
+from trainfast.trainer.loop import NonFiniteLossError, Trainer
+
+log = logging.getLogger("trainfast")
+EXAMPLES = """examples:
+  trainfast train --epochs 2 --limit-batches 20            # demo dataset, quick size
+  trainfast train --data ~/data/pets --model convnet --image-size 96 --epochs 10 --checkpoint-dir runs/pets
+  trainfast train --checkpoint-dir runs/pets --resume      # continue after a stop or preemption
+  torchrun --standalone --nproc-per-node=2 -m trainfast train --epochs 2 --workers 1
+
+--data DIR must hold DIR/train/<class>/<image> (and optionally DIR/val/<class>/<image>).
+Exit codes: 0 done, 1 training failed (e.g. non-finite loss), 2 bad input, 143 stopped by SIGTERM (checkpoint saved).
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("train", help="train a model with every speed practice on", description="Train a reference model on an image folder (the demo dataset by default).",
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, default=None, help="image folder with train/ (and val/); default: the demo dataset")
+    p.add_argument("--demo-size", choices=tuple(SIZES), default="quick", help="demo dataset size when --data is absent")
+    p.add_argument("--model", choices=tuple(MODELS), default="convnet", help="reference model (default: convnet)")
+    p.add_argument("--image-size", type=positive_int, default=64, help="training resolution in pixels (default: 64)")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="samples per batch (default: 64)")
+    p.add_argument("--workers", type=workers_arg, default="auto", help="loader workers: 'auto' or N (default: auto)")
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir/last.pt if it exists")
+    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the result as JSON")
+    add_config_flags(p, TrainConfig, defaults={"cpu_threads": "auto"})
+    p.set_defaults(run=run, command_parser=p)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        config = TrainConfig(**config_values(args, TrainConfig))
+    except ValueError as e:
+        parser.error(str(e))
+    if args.resume and not config.checkpoint_dir:
+        parser.error("--resume needs --checkpoint-dir DIR (where last.pt is kept)")
+    root = args.data.expanduser() if args.data else ensure_demo_dataset(args.demo_size)
+    if not root.is_dir():
+        parser.error(f"--data {str(root)!r} does not exist; give a folder holding train/<class>/<image>")
+    if not (root / "train").is_dir():
+        parser.error(f"--data {str(root)!r} has no 'train' folder; expected {root}/train/<class>/<image> "
+                     f"and optionally {root}/val/<class>/<image>")
+    try:
+        train_set = ImageFolder(root / "train", image_size=args.image_size)
+        val_set = ImageFolder(root / "val", image_size=args.image_size, train=False) if (root / "val").is_dir() else None
+    except (FileNotFoundError, ValueError) as e:
+        parser.error(str(e))
+    if val_set is None:
+        log.warning("no %s/val folder: training without validation (and without best.pt)", root)
+    seed_all(config.seed)  # weight init; data order and augmentation use the loader's seed
+    model = build_model(args.model, num_classes=len(train_set.classes), image_size=args.image_size)
+    try:
+        train_loader = make_loader(train_set, args.batch_size, shuffle=True, workers=args.workers,
+                                   device=config.device, seed=config.seed)
+        val_loader = (make_loader(val_set, args.batch_size, shuffle=False, workers=args.workers, device=config.device)
+                      if val_set is not None else None)
+        trainer = Trainer(model, config=config)
+        result = trainer.fit(train_loader, val_loader, resume=args.resume)
+    except CheckpointError as e:
+        parser.error(str(e))
+    except NonFiniteLossError as e:
+        log.error("%s", e)
+        return 1
+    summary = result.to_json()
+    print(f"trained {result.epochs} epoch(s), {result.steps} steps: {result.samples_per_s:,.0f} samples/s, "
+          f"data wait {result.data_wait_fraction:.0%}, final loss {result.final_loss}, "
+          f"val accuracy {result.val_accuracy}")
+    if args.json:
+        write_json(args.json, summary)
+    return 0
