@@ -13,6 +13,8 @@ import torch
 
 from trainfast.data.synthetic import DemoSize, ensure_demo_dataset
 
+# Set by torch itself, once per process, on the first optimizer step or compile: not a leak of ours.
+TORCH_OWN_ENV_PREFIXES = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_", "_TORCHINDUCTOR_", "TRITON_")
 TINY = DemoSize(name="tiny", train_per_class=8, val_per_class=4)  # 10 classes: 80 train, 40 val images
 
 
@@ -22,14 +24,15 @@ def _torch_globals() -> dict[str, object]:
 
 
 @pytest.fixture(autouse=True)
-def guard_globals() -> object:
+def guard_globals(request: pytest.FixtureRequest) -> object:
     threads_before = set(threading.enumerate())
     env_before = dict(os.environ)
     torch_before = _torch_globals()
     yield
     deadline = time.monotonic() + 5.0  # loader pin-memory / rich refresh threads stop asynchronously
     while True:
-        leaked = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
+        leaked = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()
+                  and not (request.node.get_closest_marker("torch_compile") and _torch_owned(t))]
         if not leaked or time.monotonic() > deadline:
             break
         time.sleep(0.05)
@@ -37,7 +40,7 @@ def guard_globals() -> object:
     if leaked:
         problems.append(f"threads left running: {[t.name for t in leaked]}")
     changed = {k for k in set(os.environ) | set(env_before)
-               if os.environ.get(k) != env_before.get(k) and k != "PYTEST_CURRENT_TEST"}
+               if os.environ.get(k) != env_before.get(k) and not k.startswith(TORCH_OWN_ENV_PREFIXES)}
     if changed:
         problems.append(f"environment variables changed: {sorted(changed)}")
     if _torch_globals() != torch_before:
@@ -47,6 +50,12 @@ def guard_globals() -> object:
         problems.append("a torch.distributed process group was left initialised")
     if problems:
         pytest.fail("; ".join(problems))
+
+
+def _torch_owned(thread: threading.Thread) -> bool:
+    """torch.compile keeps process-lifetime pools (compile workers); a test marked torch_compile may leave them."""
+    target = getattr(thread, "_target", None)
+    return (getattr(target, "__module__", "") or "").startswith(("torch", "concurrent.futures"))
 
 
 @pytest.fixture(scope="session")

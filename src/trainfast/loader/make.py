@@ -75,6 +75,18 @@ class Loader:
         self._next_epoch += 1
         return iter(self.dataloader)
 
+    def close(self) -> None:
+        """Stop persistent workers now instead of whenever the loader is garbage-collected (they hold memory).
+
+        Iterating again starts new workers.
+        """
+        iterator = getattr(self.dataloader, "_iterator", None)
+        if iterator is not None:
+            self.dataloader._iterator = None
+            shutdown = getattr(iterator, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+
 
 def _check_choice(name: str, value: Any, ok: bool, valid: str) -> None:
     if not ok:

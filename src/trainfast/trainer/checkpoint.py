@@ -75,5 +75,5 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def versions() -> dict[str, str]:
     from trainfast import __version__
 
-    return {"trainfast": __version__, "torch": torch.__version__, "numpy": np.__version__,
+    return {"trainfast": __version__, "torch": str(torch.__version__), "numpy": np.__version__,
             "python": platform.python_version(), "cuda": str(torch.version.cuda)}

@@ -11,7 +11,9 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,7 +119,7 @@ class Trainer:
         started = time.perf_counter()
         with torch_settings(cpu_threads=self._cpu_threads(train_loader),
                             cudnn_benchmark=cfg.cudnn_benchmark if self.device.type == "cuda" else None), \
-                self.precision.tf32_enabled(), StopSignal() as stop, \
+                self.precision.tf32_enabled(), StopSignal() as stop, _closing(train_loader, val_loader), \
                 ProgressReporter(enabled=cfg.progress, total_steps=total_steps, interval_s=cfg.log_interval_s,
                                  epochs=cfg.epochs) as bar:
             emit(self.callbacks, "on_fit_start", self)
@@ -134,7 +136,6 @@ class Trainer:
     def _train_epoch(self, model: nn.Module, loader: Iterable[Any], n_batches: int, bar: ProgressReporter,
                      stop: StopSignal) -> None:
         cfg, clock, acc = self.config, self.clock, self.config.accumulate
-        assert self.scheduler is not None
         model.train()
         batches = iter(self._prefetch(self._position(loader)))
         clock.resume()
@@ -154,7 +155,7 @@ class Trainer:
                     torch.nn.utils.clip_grad_norm_(self._params, cfg.grad_clip)
                 self.scaler.step(self.optimizer)
                 self.optimizer.zero_grad(set_to_none=True)
-                self.scheduler.step()
+                self._schedule_step()
                 self.step += 1
             self.batch = b + 1
             loss_sum, count = self._window
@@ -167,6 +168,17 @@ class Trainer:
                     self._show(bar, now)
                 if stop.requested:
                     return
+
+    def _schedule_step(self) -> None:
+        assert self.scheduler is not None
+        if not self.scaler.enabled:
+            self.scheduler.step()
+            return
+        # A step the loss scaler skipped (inf gradients, normal while the scale settles) makes torch warn
+        # that the schedule ran ahead of the optimizer; knowing would need a host sync every step.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
+            self.scheduler.step()
 
     def _loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         if self.step_fn is not None:
@@ -378,6 +390,18 @@ class Trainer:
         chosen = threads_beside_workers(available_cpus(), workers)
         log.info("cpu_threads=%d: %d usable CPUs shared with %d loader worker(s)", chosen, available_cpus(), workers)
         return chosen
+
+
+@contextmanager
+def _closing(*loaders: Iterable[Any] | None) -> Iterator[None]:
+    """Stop the loaders' persistent workers when fit ends, however it ends (they hold memory and processes)."""
+    try:
+        yield
+    finally:
+        for loader in loaders:
+            close = getattr(loader, "close", None)
+            if close is not None:
+                close()
 
 
 def _batch_size(batch: Any) -> int:
