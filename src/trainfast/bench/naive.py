@@ -62,7 +62,8 @@ def naive_fit(model: nn.Module, train: Dataset[tuple[torch.Tensor, int]], val: D
                         generator=torch.Generator().manual_seed(seed))
     optimizer = default_optimizer(model, lr, weight_decay, device)
     scheduler = warmup_cosine(optimizer, warmup_steps, epochs * batches_per_epoch)
-    clock, started, losses = StepClock(), time.perf_counter(), []
+    clock, started = StepClock(), time.perf_counter()
+    losses: list[float] = []
     for _ in range(epochs):
         model.train()
         losses = []

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from trainfast.atomic import atomic_write
 
 
 def write_json(path: str | Path, payload: dict[str, Any]) -> Path:
-    text = json.dumps(payload, indent=2, default=str) + "\n"
-    return atomic_write(path, lambda f: f.write(text.encode()))
+    data = (json.dumps(payload, indent=2, default=str) + "\n").encode()
+
+    def write(f: BinaryIO) -> None:
+        f.write(data)
+    return atomic_write(path, write)

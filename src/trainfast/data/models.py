@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -26,13 +27,14 @@ class ConvNet(nn.Module):
     def __init__(self, num_classes: int = 10, widths: Sequence[int] = (16, 32, 64, 128), in_channels: int = 3) -> None:
         super().__init__()
         layers: list[nn.Module] = _conv_bn(in_channels, widths[0], stride=2)
-        for c_in, c_out in zip(widths[:-1], widths[1:], strict=True):
+        for c_in, c_out in itertools.pairwise(widths):
             layers.append(ConvBlock(c_in, c_out))
         self.features = nn.Sequential(*layers)
         self.head = nn.Linear(widths[-1], num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x).amax(dim=(2, 3)))
+        out: torch.Tensor = self.head(self.features(x).amax(dim=(2, 3)))
+        return out
 
 
 class MLP(nn.Module):
@@ -42,13 +44,14 @@ class MLP(nn.Module):
         super().__init__()
         dims = [in_features, *hidden]
         layers: list[nn.Module] = [nn.Flatten()]
-        for a, b in zip(dims[:-1], dims[1:], strict=True):
+        for a, b in itertools.pairwise(dims):
             layers += [nn.Linear(a, b), nn.GELU()]
         layers.append(nn.Linear(dims[-1], num_classes))
         self.net = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)  # type: ignore[no-any-return]
+        out: torch.Tensor = self.net(x)
+        return out
 
 
 MODELS: dict[str, Callable[[int, int], nn.Module]] = {

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from trainfast.loader.cpus import affinity_cpus
+
 CLASSES = ("circle", "square", "triangle", "ring", "cross", "star", "diamond", "hexagon",
            "stripes", "dots")
 _LAYOUT_VERSION = 1  # bump when the drawing changes, so stale caches are not reused
@@ -64,6 +66,9 @@ def ensure_demo_dataset(size: str | DemoSize = "quick", *, seed: int = 0, root: 
     target = root if root is not None else demo_dir(spec.name, seed)
     if _complete(target):
         return target
+    if target.exists():
+        raise FileExistsError(f"{str(target)!r} exists but is not a complete demo dataset (needs train/ and val/); "
+                              "delete it to have it generated again")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
@@ -73,7 +78,7 @@ def ensure_demo_dataset(size: str | DemoSize = "quick", *, seed: int = 0, root: 
         for split in ("train", "val"):
             for name in CLASSES:
                 (staging / split / name).mkdir(parents=True)
-        workers = processes if processes is not None else min(4, len(os.sched_getaffinity(0)))
+        workers = processes if processes is not None else min(4, affinity_cpus())
         if workers > 1:
             with ProcessPoolExecutor(workers) as pool:
                 list(pool.map(_write_one, jobs, chunksize=64))

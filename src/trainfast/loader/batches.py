@@ -48,6 +48,11 @@ class EpochBatches(torch.utils.data.Sampler[tuple[int, np.ndarray]]):
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        for b, indices in self.indices():
+            yield derive_seed(self.seed, self.epoch, self.rank, b), indices
+
+    def indices(self) -> Iterator[tuple[int, np.ndarray]]:
+        """(batch number, sample indices) for this epoch, without seeds (for loaders with no randomness)."""
         if self.shuffle:
             order = np.random.default_rng([self.seed, self.epoch]).permutation(self.num_samples)
         else:
@@ -57,4 +62,4 @@ class EpochBatches(torch.utils.data.Sampler[tuple[int, np.ndarray]]):
             order = np.resize(order, total)[self.rank::self.world_size]  # np.resize wraps around
         start, self._start = self._start, 0
         for b in range(start, len(self)):
-            yield derive_seed(self.seed, self.epoch, self.rank, b), order[b * self.batch_size:(b + 1) * self.batch_size]
+            yield b, order[b * self.batch_size:(b + 1) * self.batch_size]

@@ -49,10 +49,12 @@ class TensorLoader:
         self.batches.set_epoch(self._next_epoch)
         self._next_epoch += 1
         contiguous = not self.batches.shuffle and self.batches.world_size == 1
-        for _, idx in self.batches:
+        for _, idx in self.batches.indices():
             if contiguous:  # plain slices are views: no gather at all
                 batch = tuple(t[int(idx[0]):int(idx[-1]) + 1] for t in self.tensors)
             else:
+                # index_select, not t[index]: advanced indexing is ~15x slower here (105 vs 7 us for
+                # 128 CIFAR-sized uint8 rows)
                 index = torch.from_numpy(idx)
-                batch = tuple(t[index] for t in self.tensors)
+                batch = tuple(t.index_select(0, index) for t in self.tensors)
             yield tuple(b.pin_memory() for b in batch) if self.pin_memory else batch

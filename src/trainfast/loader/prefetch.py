@@ -43,19 +43,19 @@ class InputTransform:
 
     def __init__(self, device: torch.device, normalize: Normalize | None, channels_last: bool) -> None:
         self.channels_last = channels_last
-        self.scale = self.shift = None
+        self.affine: tuple[torch.Tensor, torch.Tensor] | None = None  # (shift, scale)
         if normalize is not None:
-            # (x/255 - mean)/std == x * scale + shift, one fused multiply-add per element
+            # (x/255 - mean)/std == shift + x * scale: one fused multiply-add per element
             std = torch.tensor(normalize.std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
             mean = torch.tensor(normalize.mean, dtype=torch.float32, device=device).view(1, -1, 1, 1)
-            self.scale, self.shift = 1 / (255 * std), -mean / std
+            self.affine = (-mean / std, 1 / (255 * std))
 
     def __call__(self, batch: Any) -> Any:
         if not isinstance(batch, (tuple, list)) or not batch or not isinstance(batch[0], torch.Tensor):
             return batch
         x = batch[0]
-        if self.scale is not None and x.dtype == torch.uint8:
-            x = torch.addcmul(self.shift, x.float(), self.scale) if x.dim() == 4 else x.float()
+        if self.affine is not None and x.dtype == torch.uint8:
+            x = torch.addcmul(self.affine[0], x.float(), self.affine[1]) if x.dim() == 4 else x.float()
         if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         return type(batch)((x, *batch[1:]))

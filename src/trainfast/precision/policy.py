@@ -18,6 +18,7 @@ import torch
 PrecisionName = Literal["auto", "bf16-mixed", "16-mixed", "32-true"]
 PRECISIONS: tuple[str, ...] = ("auto", "bf16-mixed", "16-mixed", "32-true")
 log = logging.getLogger("trainfast")
+_NO_AUTOCAST: AbstractContextManager[object] = nullcontext()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,7 +48,9 @@ class DeviceCaps:
 def device_caps(device: torch.device) -> DeviceCaps:
     if device.type != "cuda":
         return DeviceCaps(device.type)
-    return DeviceCaps("cuda", torch.cuda.get_device_capability(device), torch.cuda.is_bf16_supported())
+    # including_emulation=False: pre-Ampere GPUs "support" bf16 only by slow emulation
+    return DeviceCaps("cuda", torch.cuda.get_device_capability(device),
+                      torch.cuda.is_bf16_supported(including_emulation=False))
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class PrecisionPolicy:
 
     def autocast(self) -> AbstractContextManager[object]:
         if self.autocast_dtype is None:
-            return nullcontext()
+            return _NO_AUTOCAST  # reusable: no object built per step
         return torch.autocast(self.device_type, dtype=self.autocast_dtype)
 
     @contextmanager
@@ -100,8 +103,9 @@ def resolve_precision(requested: str, caps: DeviceCaps) -> PrecisionPolicy:
         raise ValueError(f"precision='bf16-mixed' needs a bf16-capable GPU; capability {caps.capability} is not. "
                          "Use '16-mixed' (fp16 with loss scaling) or 'auto'")
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(name)
+    # An explicit '32-true' means full fp32 matmuls; otherwise TF32 is free speed on Ampere and newer.
     return PrecisionPolicy(name=name, device_type=caps.device_type, autocast_dtype=dtype,
-                           needs_scaler=name == "16-mixed", tf32=ampere, reason=why)
+                           needs_scaler=name == "16-mixed", tf32=ampere and requested != "32-true", reason=why)
 
 
 class LossScaler:

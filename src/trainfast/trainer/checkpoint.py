@@ -11,7 +11,7 @@ import platform
 import random
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -51,7 +51,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
 def rng_state() -> dict[str, Any]:
     """torch, CUDA, numpy and Python RNG states as tensors, ints and lists (loadable with weights_only)."""
-    _, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)  # type: ignore[misc]
+    _, keys, pos, has_gauss, gauss = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state(legacy=True))
     version, py_state, py_gauss = random.getstate()
     return {
         "torch": torch.get_rng_state(),

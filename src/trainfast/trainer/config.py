@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,39 +47,55 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _positive(self, "epochs", "accumulate", "log_every")
         _positive(self, "limit_batches", "limit_val_batches", optional=True)
-        if self.lr <= 0:
+        # `not x > 0` rather than `x <= 0`: NaN compares false either way and must be refused too
+        if not (math.isfinite(self.lr) and self.lr > 0):
             raise ConfigError(f"lr={self.lr} is not valid; use a positive learning rate such as 1e-3")
-        if self.weight_decay < 0 or self.warmup_steps < 0:
-            raise ConfigError(f"weight_decay={self.weight_decay}, warmup_steps={self.warmup_steps}: both must be >= 0")
-        if self.grad_clip is not None and self.grad_clip <= 0:
-            raise ConfigError(f"grad_clip={self.grad_clip} is not valid; use a positive norm such as 1.0, or None to disable")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ConfigError(f"weight_decay={self.weight_decay} is not valid; use a number >= 0 such as 0.05")
+        if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 0):
+            raise ConfigError(f"warmup_steps={self.warmup_steps!r} is not valid; use an integer >= 0")
+        if self.grad_clip is not None and not (math.isfinite(self.grad_clip) and self.grad_clip > 0):
+            raise ConfigError(f"grad_clip={self.grad_clip} is not valid; use a positive norm such as 1.0, "
+                              "or None to disable")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision={self.precision!r} is not valid; choose one of: {', '.join(PRECISIONS)}")
-        kind, _, index = self.device.partition(":")
-        if kind not in ("auto", "cpu", "cuda") or (index and (kind != "cuda" or not index.isdigit())):
+        kind, colon, index = self.device.partition(":")
+        if kind not in ("auto", "cpu", "cuda") or (colon and (kind != "cuda" or not index.isdigit())):
             raise ConfigError(f"device={self.device!r} is not valid; use 'auto', 'cpu', 'cuda' or 'cuda:N'")
         if self.channels_last not in (True, False, "auto"):
             raise ConfigError(f"channels_last={self.channels_last!r} is not valid; use True, False or 'auto'")
         t = self.cpu_threads
-        if not (t is None or t == "auto" or (isinstance(t, int) and t >= 1)):
+        if not (t is None or t == "auto" or (isinstance(t, int) and not isinstance(t, bool) and t >= 1)):
             raise ConfigError(f"cpu_threads={t!r} is not valid; use a positive integer, 'auto' or None")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
         """Build from a plain dict (a config file, a checkpoint); unknown keys are errors, with suggestions."""
-        names = [f.name for f in dataclasses.fields(cls)]
-        for key in values:
-            if key not in names:
-                close = difflib.get_close_matches(key, names, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(names)}"
-                raise ConfigError(f"unknown TrainConfig key {key!r}{hint}")
+        _check_keys(cls, values)
         values = dict(values)
         if isinstance(values.get("scaler"), dict):
-            values["scaler"] = ScalerConfig(**values["scaler"])
+            values["scaler"] = _build(ScalerConfig, values["scaler"], "scaler.")
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _check_keys(cls: type, values: dict[str, Any], prefix: str = "") -> None:
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in values:
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f"; did you mean {prefix + close[0]!r}?" if close else f"; valid keys: {', '.join(names)}"
+            raise ConfigError(f"unknown {cls.__name__} key {prefix + key!r}{hint}")
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
+    _check_keys(cls, values, prefix)
+    try:
+        return cls(**values)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
 
 
 def _positive(cfg: TrainConfig, *names: str, optional: bool = False) -> None:

@@ -16,9 +16,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from trainfast.atomic import atomic_copy
@@ -91,17 +92,17 @@ class Trainer:
         self.channels_last = resolve_channels_last(cfg.channels_last, model, self.device,
                                                    self.precision.autocast_dtype is not None)
         fmt = torch.channels_last if self.channels_last else torch.preserve_format
-        self.model = model.to(self.device, memory_format=fmt)
+        self.model = model.to(self.device, memory_format=fmt)  # type: ignore[call-overload]
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = optimizer or default_optimizer(self.model, cfg.lr, cfg.weight_decay, self.device)
-        self.loss_fn = loss_fn or nn.CrossEntropyLoss()
+        self.loss_fn = loss_fn or F.cross_entropy
         self.step_fn = step_fn
         self.scaler = LossScaler(self.device, self.precision.needs_scaler, cfg.scaler)
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         self.clock = StepClock()
         self.epoch = self.step = self.batch = 0  # position: next epoch / optimizer steps done / next batch
         self.best_metric: float | None = None
-        self._window = (torch.zeros((), device=self.device), 0)  # loss sum on the device, batches (host)
+        self._loss_sum, self._loss_count = torch.zeros((), device=self.device), 0  # since the last read
         self._epoch_loss = [0.0, 0]  # sum, batches: the host side, folded in at log points
         self._skipped_seen = 0
         log.info("precision: %s (%s); device: %s", self.precision.name, self.precision.reason, self.device)
@@ -115,7 +116,7 @@ class Trainer:
         self.scheduler = warmup_cosine(self.optimizer, cfg.warmup_steps, total_steps)
         if resume:
             self._resume(resume)
-        model = torch.compile(self.model) if cfg.compile else self.model
+        model = cast(nn.Module, torch.compile(self.model)) if cfg.compile else self.model
         started = time.perf_counter()
         with torch_settings(cpu_threads=self._cpu_threads(train_loader),
                             cudnn_benchmark=cfg.cudnn_benchmark if self.device.type == "cuda" else None), \
@@ -158,8 +159,8 @@ class Trainer:
                 self._schedule_step()
                 self.step += 1
             self.batch = b + 1
-            loss_sum, count = self._window
-            self._window = (loss_sum + loss.detach().float(), count + 1)  # stays on the device
+            self._loss_sum.add_(loss.detach())  # stays on the device until a log point
+            self._loss_count += 1
             now = clock.step_done(_batch_size(batch))
             if boundary:
                 if self.step % cfg.log_every == 0:
@@ -188,7 +189,7 @@ class Trainer:
                             f"{f' of length {len(batch)}' if isinstance(batch, (tuple, list)) else ''}. "
                             "For other batch layouts pass Trainer(..., step_fn=lambda model, batch: loss)")
         inputs, targets = batch
-        return self.loss_fn(model(inputs), targets)  # type: ignore[no-any-return]
+        return self.loss_fn(model(inputs), targets)
 
     # ---------------------------------------------------------------- logging and metrics
     def _log_point(self) -> None:
@@ -201,18 +202,19 @@ class Trainer:
 
     def _show(self, bar: ProgressReporter, now: float) -> None:
         if bar.wants_loss:
-            bar.loss = self._read_window() or bar.loss
+            loss = self._read_window()
+            bar.loss = loss if loss is not None else bar.loss
         window = self.clock.summary(last=RATE_WINDOW)
         bar.show(now, step=self.step, epoch=self.epoch, samples_per_s=window.samples_per_s,
                  wait_fraction=window.data_wait_fraction)
 
     def _read_window(self) -> float | None:
-        loss_sum, count = self._window
+        count = self._loss_count
         if count == 0:
             return None
-        total = float(loss_sum.item())
-        self.last_loss = total / count
-        self._window = (torch.zeros((), device=self.device), 0)
+        total = float(self._loss_sum.item())
+        self._loss_sum.zero_()
+        self._loss_count = 0
         skipped = self.scaler.skipped_steps if self.scaler.enabled else 0
         new_skips, self._skipped_seen = skipped - self._skipped_seen, skipped
         if not math.isfinite(total):
@@ -375,9 +377,11 @@ class Trainer:
                     "(use trainfast.make_loader for an exact, free resume)", self.batch)
         return itertools.islice(loader, self.batch, None)
 
-    def _prefetch(self, loader: Iterable[Any]) -> DevicePrefetcher:
-        return DevicePrefetcher(loader, self.device, normalize=getattr(loader, "normalize", None),
-                                channels_last=self.channels_last)
+    def _prefetch(self, loader: Iterable[Any]) -> Iterable[Any]:
+        normalize = getattr(loader, "normalize", None)
+        if self.device.type == "cpu" and normalize is None and not self.channels_last:
+            return loader  # nothing to copy or convert: no extra layer in the hot loop
+        return DevicePrefetcher(loader, self.device, normalize=normalize, channels_last=self.channels_last)
 
     def _cpu_threads(self, loader: Iterable[Any]) -> int | None:
         threads = self.config.cpu_threads
