@@ -74,8 +74,8 @@ def main() -> None:
     torch.set_num_threads(1)
     loader = make_data(args.samples)
     steps = args.epochs * len(loader)
-    times = interleave({"raw": lambda: raw_loop(loader, args.epochs), "trainer": lambda: trainer_fit(loader, args.epochs)},
-                       repeats=args.repeats, warmup=2)
+    variants = {"raw": lambda: raw_loop(loader, args.epochs), "trainer": lambda: trainer_fit(loader, args.epochs)}
+    times = interleave(variants, repeats=args.repeats, warmup=2)
     overhead = Spread.of([r - 1 for r in ratios(times["trainer"], times["raw"])])
     raw_us, trainer_us = (Spread.of([t / steps * 1e6 for t in times[k]]) for k in ("raw", "trainer"))
     report = {"overhead": overhead.median, "overhead_spread": overhead.to_json(),

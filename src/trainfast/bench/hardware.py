@@ -23,7 +23,8 @@ def cpu_model() -> str:
 
 
 def hardware() -> dict[str, Any]:
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() \
+        else []
     return {"cpu": cpu_model(), "cpus": affinity_cpus(), "cgroup_cpu_limit": cgroup_cpu_limit(),
             "memory_bytes": psutil.virtual_memory().total, "gpus": gpus, "torch": torch.__version__,
             "python": platform.python_version(), "platform": platform.platform()}

@@ -17,8 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trainfast", description="Keep the accelerator fed: measure, tune and train PyTorch models fast.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n  trainfast demo --quick\n  trainfast train --epochs 2 --checkpoint-dir runs/a\n"
-               "  torchrun --standalone --nproc-per-node=2 -m trainfast train --epochs 2\n\n"
+        epilog="examples:\n  trainfast demo --quick\n  trainfast train --epochs 2 --checkpoint-dir runs/a\n\n"
                "'trainfast <command> --help' shows each command's flags and examples.")
     parser.add_argument("--version", action="version", version=f"trainfast {__version__}")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")

@@ -18,7 +18,8 @@ The demo dataset is generated on first use under $TRAINFAST_CACHE (default ~/.ca
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("demo", help="naive vs trainfast on the demo dataset", description="Train the reference model the naive way and the trainfast way; print both side by side.", epilog=EXAMPLES,
+    p = sub.add_parser("demo", help="naive vs trainfast on the demo dataset", epilog=EXAMPLES,
+                       description="Train the reference model the naive way and the trainfast way; print both.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small dataset, 3 short epochs")
     p.add_argument("--repeats", type=positive_int, default=1, help="interleaved naive/trainfast pairs (default: 1)")

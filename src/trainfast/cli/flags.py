@@ -27,7 +27,8 @@ def workers_arg(text: str) -> int | str:
     except ValueError:
         value = -1
     if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not valid; use 'auto' or an integer >= 0 (0 loads in the main process)")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not valid; use 'auto' or an integer >= 0 (0 loads in the main process)")
     return value
 
 

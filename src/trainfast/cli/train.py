@@ -22,7 +22,6 @@ EXAMPLES = """examples:
   trainfast train --epochs 2 --limit-batches 20            # demo dataset, quick size
   trainfast train --data ~/data/pets --model convnet --image-size 96 --epochs 10 --checkpoint-dir runs/pets
   trainfast train --checkpoint-dir runs/pets --resume      # continue after a stop or preemption
-  torchrun --standalone --nproc-per-node=2 -m trainfast train --epochs 2 --workers 1
 
 --data DIR must hold DIR/train/<class>/<image> (and optionally DIR/val/<class>/<image>).
 Exit codes: 0 done, 1 training failed (e.g. non-finite loss), 2 bad input, 143 stopped by SIGTERM (checkpoint saved).
@@ -30,9 +29,11 @@ Exit codes: 0 done, 1 training failed (e.g. non-finite loss), 2 bad input, 143 s
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("train", help="train a model with every speed practice on", description="Train a reference model on an image folder (the demo dataset by default).",
+    p = sub.add_parser("train", help="train a model with every speed practice on",
+                       description="Train a reference model on an image folder (the demo dataset by default).",
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, default=None, help="image folder with train/ (and val/); default: the demo dataset")
+    p.add_argument("--data", type=Path, default=None,
+                   help="image folder with train/ (and val/); default: the demo dataset")
     p.add_argument("--demo-size", choices=tuple(SIZES), default="quick", help="demo dataset size when --data is absent")
     p.add_argument("--model", choices=tuple(MODELS), default="convnet", help="reference model (default: convnet)")
     p.add_argument("--image-size", type=positive_int, default=64, help="training resolution in pixels (default: 64)")
@@ -59,7 +60,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                      f"and optionally {root}/val/<class>/<image>")
     try:
         train_set = ImageFolder(root / "train", image_size=args.image_size)
-        val_set = ImageFolder(root / "val", image_size=args.image_size, train=False) if (root / "val").is_dir() else None
+        has_val = (root / "val").is_dir()
+        val_set = ImageFolder(root / "val", image_size=args.image_size, train=False) if has_val else None
     except (FileNotFoundError, ValueError) as e:
         parser.error(str(e))
     if val_set is None:

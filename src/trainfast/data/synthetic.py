@@ -162,7 +162,7 @@ def _draw_shape(d: ImageDraw.ImageDraw, kind: str, cx: float, cy: float, r: floa
             d.line([(cx + ox - dx * r, cy + oy - dy * r), (cx + ox + dx * r, cy + oy + dy * r)],
                    fill=fg, width=max(2, int(step)))
     elif kind == "dots":
-        for px, py in _polygon(cx, cy, [r * 0.7] * 5, angle) + [(cx, cy)]:
+        for px, py in [*_polygon(cx, cy, [r * 0.7] * 5, angle), (cx, cy)]:
             d.ellipse((px - r * 0.18, py - r * 0.18, px + r * 0.18, py + r * 0.18), fill=fg)
     else:  # pragma: no cover - CLASSES and this function change together
         raise ValueError(f"no drawing for class {kind!r}")

@@ -66,7 +66,8 @@ def plan_loader(*, workers: int | Auto, pin_memory: bool | Auto, prefetch_factor
         reasons.append(f"num_workers=0: {dataset_len} samples (< {TINY_DATASET}) load faster than workers start")
     elif target == "cuda":
         n = min(MAX_AUTO_WORKERS, max(1, cpus // max(1, devices) - 1))
-        reasons.append(f"num_workers={n}: {cpus} usable CPUs / {devices} device(s), one core kept per device's main process")
+        reasons.append(f"num_workers={n}: {cpus} usable CPUs / {devices} device(s), "
+                       "one core kept per device's main process")
     else:
         n, threads = split_cpu(cpus)
         reasons.append(f"num_workers={n}: {cpus} usable CPUs shared with {threads} compute thread(s) on the CPU")
@@ -82,6 +83,7 @@ def plan_loader(*, workers: int | Auto, pin_memory: bool | Auto, prefetch_factor
     else:
         pf = None
     drop = shuffle if drop_last == "auto" else drop_last
-    reasons.append(f"drop_last={drop}" + (" (training: equal batch shapes every step)" if drop_last == "auto" and drop else ""))
+    why = " (training: equal batch shapes every step)" if drop_last == "auto" and drop else ""
+    reasons.append(f"drop_last={drop}{why}")
     return LoaderPlan(num_workers=n, pin_memory=pin, persistent_workers=persistent, prefetch_factor=pf,
                       drop_last=drop, in_memory=in_memory, reasons=tuple(reasons))

@@ -31,7 +31,8 @@ class ScalerConfig:
     growth_interval: int = 2000
 
     def __post_init__(self) -> None:
-        if self.init_scale <= 0 or self.growth_factor <= 1 or not 0 < self.backoff_factor < 1 or self.growth_interval < 1:
+        if not (self.init_scale > 0 and self.growth_factor > 1 and 0 < self.backoff_factor < 1
+                and self.growth_interval >= 1):
             raise ValueError(f"invalid {self}: need init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1, "
                              "growth_interval >= 1")
 

@@ -26,7 +26,8 @@ def check_callbacks(callbacks: Sequence[object]) -> None:
         methods = [m for m in dir(cb) if m.startswith("on_") and callable(getattr(cb, m))]
         unknown = [m for m in methods if m not in EVENTS]
         if unknown or not methods:
-            raise TypeError(f"callback {cb!r} has {'unknown methods ' + ', '.join(unknown) if unknown else 'no on_* method'}; "
+            what = "unknown methods " + ", ".join(unknown) if unknown else "no on_* method"
+            raise TypeError(f"callback {cb!r} has {what}; "
                             f"valid events: {', '.join(EVENTS)}")
 
 

@@ -25,22 +25,26 @@ class TrainConfig:
     lr: float = field(default=2e-3, metadata=_opt("peak learning rate (AdamW, after warm-up)"))
     weight_decay: float = field(default=0.05, metadata=_opt("AdamW weight decay (matrices and kernels only)"))
     warmup_steps: int = field(default=20, metadata=_opt("linear warm-up steps before the cosine decay"))
-    grad_clip: float | None = field(default=1.0, metadata=_opt("clip the gradient norm to this (unscaled); none disables"))
+    grad_clip: float | None = field(default=1.0,
+                                    metadata=_opt("clip the gradient norm to this (unscaled); none disables"))
     accumulate: int = field(default=1, metadata=_opt("micro-batches per optimizer step (gradient accumulation)"))
     precision: str = field(default="auto", metadata=_opt("numeric precision", choices=PRECISIONS))
     compile: bool = field(default=False, metadata=_opt("torch.compile the model (pays off on long runs)"))
     channels_last: bool | str = field(
-        default="auto", metadata=_opt("NHWC memory format: true, false, or 'auto' (conv nets on the CPU or with mixed precision)"))
+        default="auto",
+        metadata=_opt("NHWC memory format: true, false, or 'auto' (conv nets on the CPU or with mixed precision)"))
     cudnn_benchmark: bool = field(default=True, metadata=_opt("let cuDNN pick the fastest conv algorithms (CUDA)"))
     log_every: int = field(default=50, metadata=_opt("read metrics from the device every N optimizer steps"))
-    log_interval_s: float = field(default=10.0, metadata=_opt("seconds between log lines when stderr is not a terminal"))
+    log_interval_s: float = field(default=10.0,
+                                  metadata=_opt("seconds between log lines when stderr is not a terminal"))
     checkpoint_dir: str | None = field(default=None, metadata=_opt("write last.pt and best.pt here"))
     seed: int = field(default=0, metadata=_opt("seed for weights init, data order and augmentation"))
     limit_batches: int | None = field(default=None, metadata=_opt("train on at most N batches per epoch"))
     limit_val_batches: int | None = field(default=None, metadata=_opt("validate on at most N batches"))
     device: str = field(default="auto", metadata=_opt("'auto', 'cpu', 'cuda' or 'cuda:N'"))
     cpu_threads: int | str | None = field(
-        default=None, metadata=_opt("intra-op threads: N, 'auto' (split cores with loader workers), none = leave torch's"))
+        default=None,
+        metadata=_opt("intra-op threads: N, 'auto' (split cores with loader workers), none = leave torch's"))
     progress: bool = field(default=True, metadata=_opt("show a progress bar on a terminal, log lines otherwise"))
     scaler: ScalerConfig = field(default_factory=ScalerConfig, metadata=_opt("GradScaler knobs (16-mixed)"))
 
@@ -104,4 +108,5 @@ def _positive(cfg: TrainConfig, *names: str, optional: bool = False) -> None:
         if optional and value is None:
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"{name}={value!r} is not valid; use a positive integer" + (" or None" if optional else ""))
+            choices = "a positive integer" + (" or None" if optional else "")
+            raise ConfigError(f"{name}={value!r} is not valid; use {choices}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -85,6 +86,10 @@ class Trainer:
                  config: TrainConfig | None = None, callbacks: Sequence[object] = (), *,
                  step_fn: StepFn | None = None) -> None:
         self.config = cfg = config or TrainConfig()
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world > 1:  # each rank would train its own copy on its shard of the data, silently
+            raise ConfigError(f"WORLD_SIZE={world}: this Trainer runs a single process and does not yet wrap the "
+                              "model in DistributedDataParallel; launch it without torchrun")
         check_callbacks(callbacks)
         self.callbacks = list(callbacks)
         self.device = resolve_device(cfg.device)

@@ -21,5 +21,6 @@ class WarmupCosine:
         return self.final_fraction + (1 - self.final_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def warmup_cosine(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def warmup_cosine(optimizer: torch.optim.Optimizer, warmup_steps: int,
+                  total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(min(warmup_steps, total_steps), total_steps))

@@ -232,8 +232,8 @@ def test_callback_events_and_thread_setting_restored(tmp_path: Path) -> None:
     x, y = blobs(n=64)
     recorder = Recorder()
     threads = torch.get_num_threads()
-    trainer = Trainer(nn.Linear(8, 4), config=config(epochs=1, log_every=2, cpu_threads=1, checkpoint_dir=str(tmp_path)),
-                      callbacks=[recorder])
+    cfg = config(epochs=1, log_every=2, cpu_threads=1, checkpoint_dir=str(tmp_path))
+    trainer = Trainer(nn.Linear(8, 4), config=cfg, callbacks=[recorder])
     trainer.fit(make_loader((x, y), 16), make_loader((x, y), 64, shuffle=False))
     assert recorder.threads_inside == 1 and torch.get_num_threads() == threads
     assert recorder.events == ["fit_start", "epoch_start 0", "log 2", "log 4", "validation_end", "checkpoint last.pt",
@@ -252,7 +252,7 @@ def test_step_fn_and_batch_layout_errors() -> None:
     x, y = blobs(n=64)
     triples = [(x[i:i + 16], y[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)]
     trainer = Trainer(nn.Linear(8, 4), config=config(epochs=1))
-    with pytest.raises(TypeError, match="a batch must be \\(inputs, targets\\); got tuple of length 3.*step_fn"):
+    with pytest.raises(TypeError, match=r"a batch must be \(inputs, targets\); got tuple of length 3.*step_fn"):
         trainer.fit(triples)
     model = nn.Linear(8, 4)
     trainer = Trainer(model, config=config(epochs=1), step_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
@@ -316,3 +316,9 @@ def test_compile(tmp_path: Path) -> None:
     assert result.steps == 4
     state = load_checkpoint(tmp_path / "last.pt")
     assert not any(k.startswith("_orig_mod") for k in state["model"])  # saved from the uncompiled module
+
+
+def test_refuses_to_run_as_one_of_several_torchrun_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"WORLD_SIZE=2: .*launch it without torchrun"):
+        Trainer(nn.Linear(2, 2), config=config())
