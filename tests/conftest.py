@@ -81,3 +81,13 @@ def demo_cache(_shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """$TRAINFAST_CACHE pointed at a folder shared by the session, so the demo dataset is generated once."""
     monkeypatch.setenv("TRAINFAST_CACHE", str(_shared_cache))
     return _shared_cache
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `gpu` skip, with the reason, on machines without CUDA."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device; this machine has none")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)

@@ -81,9 +81,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         log.error("%s", e)
         return 1
     summary = result.to_json()
+    loss = f"{result.final_loss:.4f}" if result.final_loss is not None else "n/a"
+    accuracy = f"{result.val_accuracy:.1%}" if result.val_accuracy is not None else "n/a"
     print(f"trained {result.epochs} epoch(s), {result.steps} steps: {result.samples_per_s:,.0f} samples/s, "
-          f"data wait {result.data_wait_fraction:.0%}, final loss {result.final_loss}, "
-          f"val accuracy {result.val_accuracy}")
+          f"data wait {result.data_wait_fraction:.0%}, final loss {loss}, val accuracy {accuracy}")
+    if result.checkpoint:
+        print(f"checkpoints: {result.checkpoint}" + (f", {result.best_checkpoint}" if result.best_checkpoint else ""))
     if args.json:
         write_json(args.json, summary)
     return 0

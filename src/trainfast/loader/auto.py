@@ -41,7 +41,7 @@ def split_cpu(cpus: int) -> tuple[int, int]:
     worker 754 samples/s, 1 + 2: 773, 2 + 1: 608, 2 + 2: 593, 2 threads and no worker: 584. A second
     intra-op thread helps only when it does not compete with the workers for the same core.
     """
-    workers = max(1, cpus // 2)
+    workers = min(MAX_AUTO_WORKERS, max(1, cpus // 2))
     return workers, threads_beside_workers(cpus, workers)
 
 
@@ -82,6 +82,11 @@ def plan_loader(*, workers: int | Auto, pin_memory: bool | Auto, prefetch_factor
         reasons.append(f"prefetch_factor={pf} ({n * pf} batches in flight)")
     else:
         pf = None
+        ignored = [f"{name}={value}" for name, value in (("persistent_workers", persistent_workers),
+                                                          ("prefetch_factor", prefetch_factor))
+                   if value not in ("auto", False, None)]
+        if ignored:
+            reasons.append(f"{' and '.join(ignored)} ignored: they apply to worker processes and there are none")
     drop = shuffle if drop_last == "auto" else drop_last
     why = " (training: equal batch shapes every step)" if drop_last == "auto" and drop else ""
     reasons.append(f"drop_last={drop}{why}")

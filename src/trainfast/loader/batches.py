@@ -23,8 +23,10 @@ class EpochBatches(torch.utils.data.Sampler[tuple[int, np.ndarray]]):
                  rank: int = 0, world_size: int = 1) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} is not valid; use a positive integer")
+        if world_size < 1:
+            raise ValueError(f"world_size={world_size} is not valid; use a positive integer")
         if not 0 <= rank < world_size:
-            raise ValueError(f"rank={rank} is outside world_size={world_size}")
+            raise ValueError(f"rank={rank} is outside world_size={world_size}; valid ranks are 0..{world_size - 1}")
         self.num_samples, self.batch_size = num_samples, batch_size
         self.shuffle, self.drop_last, self.seed = shuffle, drop_last, seed
         self.rank, self.world_size = rank, world_size

@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from trainfast.data.images import Normalize
+from trainfast.device import device_kind
 from trainfast.loader.auto import Auto, LoaderPlan, plan_loader
 from trainfast.loader.batches import EpochBatches
 from trainfast.loader.cpus import available_cpus
@@ -93,6 +94,10 @@ def _check_choice(name: str, value: Any, ok: bool, valid: str) -> None:
         raise ValueError(f"{name}={value!r} is not valid; use {valid}")
 
 
+def _is_int(value: Any, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
 def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int, *, shuffle: bool = True,
                 workers: int | Auto = "auto", pin_memory: bool | Auto = "auto",
                 prefetch_factor: int | Auto = "auto", persistent_workers: bool | Auto = "auto",
@@ -110,11 +115,9 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
     >>> loader = make_loader(dataset, 64)          # doctest: +SKIP
     >>> for inputs, targets in loader: ...          # doctest: +SKIP
     """
-    _check_choice("batch_size", batch_size, isinstance(batch_size, int) and batch_size >= 1, "a positive integer")
-    _check_choice("workers", workers, workers == "auto" or (isinstance(workers, int) and workers >= 0),
-                  "'auto' or an integer >= 0")
-    _check_choice("prefetch_factor", prefetch_factor,
-                  prefetch_factor == "auto" or (isinstance(prefetch_factor, int) and prefetch_factor >= 1),
+    _check_choice("batch_size", batch_size, _is_int(batch_size, 1), "a positive integer")
+    _check_choice("workers", workers, workers == "auto" or _is_int(workers, 0), "'auto' or an integer >= 0")
+    _check_choice("prefetch_factor", prefetch_factor, prefetch_factor == "auto" or _is_int(prefetch_factor, 1),
                   "'auto' or an integer >= 1")
     target = _target_type(device)
     rank = int(os.environ.get("RANK", 0)) if rank is None else rank
@@ -135,10 +138,13 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
                             world_size=world_size, pin_memory=plan.pin_memory, normalize=norm, plan=plan)
     if tensors is not None and not isinstance(dataset, Dataset):
         dataset = TensorDataset(*tensors)
-    assert isinstance(dataset, Dataset)
+    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        raise TypeError(f"make_loader needs a map-style dataset (with __getitem__ and __len__) or tensors; "
+                        f"got {type(dataset).__name__}")
+    samples = cast(Dataset[Any], dataset)  # any sequence of samples works, as with DataLoader
     batches = EpochBatches(n, batch_size, shuffle=shuffle, drop_last=plan.drop_last, seed=seed, rank=rank,
                            world_size=world_size)
-    fetch = _SeededBatches(dataset, collate_fn or torch.utils.data.default_collate)
+    fetch = _SeededBatches(samples, collate_fn or torch.utils.data.default_collate)
     extra: dict[str, Any] = {}
     if plan.num_workers > 0:
         extra = {"prefetch_factor": plan.prefetch_factor, "persistent_workers": plan.persistent_workers,
@@ -151,7 +157,7 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
         # iter(), shifting the training RNG stream (dropout) by one draw per epoch or resume.
         generator=torch.Generator().manual_seed(seed), **extra)
     log.info("make_loader: %s", plan.describe())
-    return Loader(dataloader, batches, plan, dataset, norm)
+    return Loader(dataloader, batches, plan, samples, norm)
 
 
 def _identity(batch: Any) -> Any:
@@ -161,10 +167,9 @@ def _identity(batch: Any) -> Any:
 def _target_type(device: str | torch.device) -> str:
     if isinstance(device, torch.device):
         return device.type
-    if device == "auto":
+    kind = device_kind(device)
+    if kind == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    kind = device.split(":")[0]
-    _check_choice("device", device, kind in ("cpu", "cuda"), "'auto', 'cpu', 'cuda' or 'cuda:N'")
     return kind
 
 

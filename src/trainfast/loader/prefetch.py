@@ -54,8 +54,8 @@ class InputTransform:
         if not isinstance(batch, (tuple, list)) or not batch or not isinstance(batch[0], torch.Tensor):
             return batch
         x = batch[0]
-        if self.affine is not None and x.dtype == torch.uint8:
-            x = torch.addcmul(self.affine[0], x.float(), self.affine[1]) if x.dim() == 4 else x.float()
+        if self.affine is not None and x.dtype == torch.uint8 and x.dim() == 4:  # image batches only
+            x = torch.addcmul(self.affine[0], x.float(), self.affine[1])
         if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         return type(batch)((x, *batch[1:]))

@@ -40,7 +40,9 @@ def seeded(seed: int) -> Iterator[None]:
     (dropout masks), or results would depend on the worker count.
     """
     py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    seed_all(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.default_generator.manual_seed(seed)  # the CPU generator only: torch.manual_seed reseeds the GPUs too
     try:
         yield
     finally:

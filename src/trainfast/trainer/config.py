@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainfast.device import device_kind
 from trainfast.precision.policy import PRECISIONS, ScalerConfig
 
 
@@ -63,9 +64,10 @@ class TrainConfig:
                               "or None to disable")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision={self.precision!r} is not valid; choose one of: {', '.join(PRECISIONS)}")
-        kind, colon, index = self.device.partition(":")
-        if kind not in ("auto", "cpu", "cuda") or (colon and (kind != "cuda" or not index.isdigit())):
-            raise ConfigError(f"device={self.device!r} is not valid; use 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        try:
+            device_kind(self.device)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if self.channels_last not in (True, False, "auto"):
             raise ConfigError(f"channels_last={self.channels_last!r} is not valid; use True, False or 'auto'")
         t = self.cpu_threads

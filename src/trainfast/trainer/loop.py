@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainfast.atomic import atomic_copy
+from trainfast.device import resolve_device
 from trainfast.loader.auto import threads_beside_workers
 from trainfast.loader.cpus import available_cpus
 from trainfast.loader.prefetch import DevicePrefetcher
@@ -39,7 +40,6 @@ from trainfast.trainer.checkpoint import (
 )
 from trainfast.trainer.clock import StepClock
 from trainfast.trainer.config import ConfigError, TrainConfig
-from trainfast.trainer.device import resolve_device
 from trainfast.trainer.progress import ProgressReporter
 from trainfast.trainer.schedule import warmup_cosine
 from trainfast.trainer.settings import torch_settings
@@ -92,7 +92,10 @@ class Trainer:
                               "model in DistributedDataParallel; launch it without torchrun")
         check_callbacks(callbacks)
         self.callbacks = list(callbacks)
-        self.device = resolve_device(cfg.device)
+        try:
+            self.device = resolve_device(cfg.device)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         self.precision = resolve_precision(cfg.precision, device_caps(self.device))
         self.channels_last = resolve_channels_last(cfg.channels_last, model, self.device,
                                                    self.precision.autocast_dtype is not None)
@@ -109,6 +112,7 @@ class Trainer:
         self.best_metric: float | None = None
         self._loss_sum, self._loss_count = torch.zeros((), device=self.device), 0  # since the last read
         self._epoch_loss = [0.0, 0]  # sum, batches: the host side, folded in at log points
+        self.last_loss: float | None = None  # mean training loss at the last read
         self._skipped_seen = 0
         log.info("precision: %s (%s); device: %s", self.precision.name, self.precision.reason, self.device)
 
@@ -173,7 +177,8 @@ class Trainer:
                 if bar.due(now):
                     self._show(bar, now)
                 if stop.requested:
-                    return
+                    break
+        self._show(bar, time.perf_counter())
 
     def _schedule_step(self) -> None:
         assert self.scheduler is not None
@@ -207,8 +212,8 @@ class Trainer:
 
     def _show(self, bar: ProgressReporter, now: float) -> None:
         if bar.wants_loss:
-            loss = self._read_window()
-            bar.loss = loss if loss is not None else bar.loss
+            self._read_window()
+        bar.loss = self.last_loss
         window = self.clock.summary(last=RATE_WINDOW)
         bar.show(now, step=self.step, epoch=self.epoch, samples_per_s=window.samples_per_s,
                  wait_fraction=window.data_wait_fraction)
@@ -220,6 +225,7 @@ class Trainer:
         total = float(self._loss_sum.item())
         self._loss_sum.zero_()
         self._loss_count = 0
+        self.last_loss = total / count
         skipped = self.scaler.skipped_steps if self.scaler.enabled else 0
         new_skips, self._skipped_seen = skipped - self._skipped_seen, skipped
         if not math.isfinite(total):

@@ -1,0 +1,36 @@
+"""Device strings ("auto" | "cpu" | "cuda" | "cuda:N"): validated in one place, resolved to a torch.device."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+DEVICE_CHOICES = "'auto', 'cpu', 'cuda' or 'cuda:N'"
+
+
+def device_kind(spec: str) -> str:
+    """"auto", "cpu" or "cuda" for a valid spec; ValueError naming the spec and the valid forms otherwise."""
+    kind, colon, index = spec.partition(":") if isinstance(spec, str) else ("", "", "")
+    if kind not in ("auto", "cpu", "cuda") or (colon and (kind != "cuda" or not index.isdigit())):
+        raise ValueError(f"device={spec!r} is not valid; use {DEVICE_CHOICES}")
+    return kind
+
+
+def resolve_device(spec: str) -> torch.device:
+    """"auto" is the GPU torchrun assigned (LOCAL_RANK), else the current GPU, else the CPU."""
+    kind = device_kind(spec)
+    if kind == "auto":
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
+    device = torch.device(spec)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={spec!r} but CUDA is not available (torch {torch.__version__}); "
+                             "use device='cpu' or 'auto'")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device={spec!r} but only {torch.cuda.device_count()} CUDA device(s) are visible")
+        device = torch.device("cuda", index)
+    return device
