@@ -146,6 +146,7 @@ class Trainer:
     def _train_epoch(self, model: nn.Module, loader: Iterable[Any], n_batches: int, bar: ProgressReporter,
                      stop: StopSignal) -> None:
         cfg, clock, acc = self.config, self.clock, self.config.accumulate
+        autocast = self.precision.autocast()  # reusable across steps (not re-entrant, not needed)
         model.train()
         batches = iter(self._prefetch(self._position(loader)))
         clock.resume()
@@ -155,7 +156,7 @@ class Trainer:
             if batch is None:
                 break
             clock.waited(asked, time.perf_counter())
-            with self.precision.autocast():
+            with autocast:
                 loss = self._loss(model, batch)
             self.scaler.scale(loss / acc if acc > 1 else loss).backward()
             boundary = (b + 1) % acc == 0 or b + 1 == n_batches
@@ -194,11 +195,12 @@ class Trainer:
     def _loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         if self.step_fn is not None:
             return self.step_fn(model, batch)
-        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-            raise TypeError(f"a batch must be (inputs, targets); got {type(batch).__name__}"
-                            f"{f' of length {len(batch)}' if isinstance(batch, (tuple, list)) else ''}. "
-                            "For other batch layouts pass Trainer(..., step_fn=lambda model, batch: loss)")
-        inputs, targets = batch
+        try:
+            inputs, targets = batch
+        except (TypeError, ValueError):
+            length = f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""
+            raise TypeError(f"a batch must be (inputs, targets); got {type(batch).__name__}{length}. For other "
+                            "batch layouts pass Trainer(..., step_fn=lambda model, batch: loss)") from None
         return self.loss_fn(model(inputs), targets)
 
     # ---------------------------------------------------------------- logging and metrics

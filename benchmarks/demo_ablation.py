@@ -1,0 +1,66 @@
+"""Where the demo's speed-up comes from: the naive run, then trainfast with practices turned on one by one.
+
+Variants (same model, data and steps as `trainfast demo --quick`), interleaved, `--repeats` rounds:
+  naive                 the seeds' loop: no workers, full decode, float32 samples, fp32, .item() every step
+  + workers/threads     make_loader + Trainer auto split of the cores, uint8 samples, full decode, NCHW
+  + channels_last       ... and the NHWC memory format for the ConvNet (oneDNN's fast layout)
+  + draft decode        ... and JPEGs decoded straight to the needed DCT scale (everything auto: the demo's run)
+
+    python benchmarks/demo_ablation.py --json demo_ablation.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable
+
+from trainfast.bench.demo import QUICK, run_naive, run_trainfast
+from trainfast.bench.hardware import describe, hardware
+from trainfast.bench.timing import Spread, interleave, ratios
+from trainfast.cli.output import write_json
+from trainfast.data.images import ImageFolder
+from trainfast.data.synthetic import ensure_demo_dataset
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    logging.getLogger("trainfast").setLevel(logging.WARNING)
+    root = ensure_demo_dataset(QUICK.dataset, seed=QUICK.seed)
+    per_epoch = len(ImageFolder(root / "train")) // QUICK.batch_size
+    accuracy: dict[str, list[float]] = {}
+
+    def variant(name: str, run: Callable[[], object]) -> Callable[[], float]:
+        def measure() -> float:
+            stats = run()
+            accuracy.setdefault(name, []).append(stats.val_accuracy)  # type: ignore[attr-defined]
+            return float(stats.samples_per_s)  # type: ignore[attr-defined]
+        return measure
+
+    variants = {
+        "naive": variant("naive", lambda: run_naive(QUICK, root, per_epoch)),
+        "+ workers/threads": variant("+ workers/threads", lambda: run_trainfast(
+            QUICK, root, per_epoch, decode="full", channels_last=False)),
+        "+ channels_last": variant("+ channels_last", lambda: run_trainfast(
+            QUICK, root, per_epoch, decode="full", channels_last="auto")),
+        "+ draft decode": variant("+ draft decode", lambda: run_trainfast(QUICK, root, per_epoch)),
+    }
+    rates = interleave(variants, repeats=args.repeats, warmup=0)
+    rows = []
+    print(describe(hardware()))
+    print(f"{'variant':<20}{'samples/s':>12}{'x naive':>10}  range")
+    for name, values in rates.items():
+        speedup = Spread.of(ratios(values, rates["naive"]))
+        rows.append({"variant": name, "samples_per_s": Spread.of(values).to_json(), "speedup": speedup.to_json(),
+                     "val_accuracy": accuracy[name]})
+        print(f"{name:<20}{Spread.of(values).median:>12,.0f}{speedup.median:>9.2f}x  "
+              f"{speedup.minimum:.2f}-{speedup.maximum:.2f}")
+    if args.json:
+        write_json(args.json, {"variants": rows, "repeats": args.repeats, "hardware": hardware()})
+
+
+if __name__ == "__main__":
+    main()
