@@ -65,3 +65,24 @@ class EpochBatches(torch.utils.data.Sampler[tuple[int, np.ndarray]]):
         start, self._start = self._start, 0
         for b in range(start, len(self)):
             yield b, order[b * self.batch_size:(b + 1) * self.batch_size]
+
+
+class EpochLoader:
+    """What `Loader` and `TensorLoader` share: every iteration is the next epoch unless `set_epoch` says
+    otherwise (so a plain `for epoch: for batch in loader` loop reshuffles), and `start_at` for resume."""
+
+    batches: EpochBatches
+    _next_epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self._next_epoch = epoch
+
+    def start_at(self, batch: int) -> None:
+        self.batches.start_at(batch)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def _begin_epoch(self) -> None:
+        self.batches.set_epoch(self._next_epoch)
+        self._next_epoch += 1

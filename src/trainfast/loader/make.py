@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from trainfast.data.images import Normalize
 from trainfast.device import device_kind
 from trainfast.loader.auto import Auto, LoaderPlan, plan_loader
-from trainfast.loader.batches import EpochBatches
+from trainfast.loader.batches import EpochBatches, EpochLoader
 from trainfast.loader.cpus import available_cpus
 from trainfast.loader.memory import TensorLoader
 from trainfast.loader.seeding import seed_all, seeded
@@ -49,7 +49,7 @@ def _mark_worker(worker_id: int) -> None:
     info.dataset.in_worker = True  # type: ignore[attr-defined]
 
 
-class Loader:
+class Loader(EpochLoader):
     """Iterates batches like a DataLoader; each `iter()` is the next epoch unless `set_epoch` says otherwise.
 
     `start_at(b)` makes the next epoch begin at batch `b` (resume), `plan` says what was chosen and why.
@@ -60,20 +60,9 @@ class Loader:
         self.dataloader, self.batches, self.plan = dataloader, batches, plan
         self.dataset, self.normalize = dataset, normalize
         self.batch_size = batches.batch_size
-        self._next_epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self._next_epoch = epoch
-
-    def start_at(self, batch: int) -> None:
-        self.batches.start_at(batch)
-
-    def __len__(self) -> int:
-        return len(self.batches)
 
     def __iter__(self) -> Iterator[Any]:
-        self.batches.set_epoch(self._next_epoch)
-        self._next_epoch += 1
+        self._begin_epoch()
         return iter(self.dataloader)
 
     def close(self) -> None:

@@ -13,10 +13,10 @@ import torch
 
 from trainfast.data.images import Normalize
 from trainfast.loader.auto import LoaderPlan
-from trainfast.loader.batches import EpochBatches
+from trainfast.loader.batches import EpochBatches, EpochLoader
 
 
-class TensorLoader:
+class TensorLoader(EpochLoader):
     """Batches of `tensors` (all with the same first dimension), in `EpochBatches` order."""
 
     def __init__(self, tensors: Sequence[torch.Tensor], batch_size: int, *, shuffle: bool = True,
@@ -34,20 +34,9 @@ class TensorLoader:
                                     rank=rank, world_size=world_size)
         self.batch_size, self.pin_memory, self.normalize = batch_size, pin_memory, normalize
         self.plan = plan
-        self._next_epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self._next_epoch = epoch
-
-    def start_at(self, batch: int) -> None:
-        self.batches.start_at(batch)
-
-    def __len__(self) -> int:
-        return len(self.batches)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        self.batches.set_epoch(self._next_epoch)
-        self._next_epoch += 1
+        self._begin_epoch()
         contiguous = not self.batches.shuffle and self.batches.world_size == 1
         for _, idx in self.batches.indices():
             if contiguous:  # plain slices are views: no gather at all

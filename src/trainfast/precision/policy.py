@@ -8,8 +8,7 @@ where autocast rarely pays. Only `torch.amp` is used; `torch.cuda.amp` is deprec
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Literal
 
@@ -62,28 +61,13 @@ class PrecisionPolicy:
     device_type: str
     autocast_dtype: torch.dtype | None
     needs_scaler: bool
-    tf32: bool
+    tf32: bool  # TF32 matmuls and convs (Ampere+: ~8x the fp32 matmul rate, 10-bit mantissa)
     reason: str
 
     def autocast(self) -> AbstractContextManager[object]:
         if self.autocast_dtype is None:
             return _NO_AUTOCAST  # reusable: no object built per step
         return torch.autocast(self.device_type, dtype=self.autocast_dtype)
-
-    @contextmanager
-    def tf32_enabled(self) -> Iterator[None]:
-        """TF32 matmuls and convolutions for the duration (Ampere+: ~8x fp32 matmul rate, 10-bit mantissa)."""
-        if not self.tf32:
-            yield
-            return
-        matmul, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
-        torch.set_float32_matmul_precision("high")
-        torch.backends.cudnn.allow_tf32 = True
-        try:
-            yield
-        finally:
-            torch.set_float32_matmul_precision(matmul)
-            torch.backends.cudnn.allow_tf32 = cudnn
 
 
 def resolve_precision(requested: str, caps: DeviceCaps) -> PrecisionPolicy:

@@ -127,9 +127,9 @@ class Trainer:
             self._resume(resume)
         model = cast(nn.Module, torch.compile(self.model)) if cfg.compile else self.model
         started = time.perf_counter()
-        with torch_settings(cpu_threads=self._cpu_threads(train_loader),
+        with torch_settings(cpu_threads=self._cpu_threads(train_loader), tf32=self.precision.tf32,
                             cudnn_benchmark=cfg.cudnn_benchmark if self.device.type == "cuda" else None), \
-                self.precision.tf32_enabled(), StopSignal() as stop, _closing(train_loader, val_loader), \
+                StopSignal() as stop, _closing(train_loader, val_loader), \
                 ProgressReporter(enabled=cfg.progress, total_steps=total_steps, interval_s=cfg.log_interval_s,
                                  epochs=cfg.epochs) as bar:
             emit(self.callbacks, "on_fit_start", self)

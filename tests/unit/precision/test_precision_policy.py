@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -98,47 +97,6 @@ def test_device_caps_counts_only_native_bf16(monkeypatch: pytest.MonkeyPatch, ca
     caps = device_caps(torch.device("cuda", 0))
     assert caps == DeviceCaps("cuda", capability, bf16)
     assert resolve_precision("auto", caps).name == ("bf16-mixed" if bf16 else "16-mixed")
-
-
-@pytest.fixture
-def restore_tf32() -> Iterator[None]:
-    matmul, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
-    yield
-    torch.set_float32_matmul_precision(matmul)
-    torch.backends.cudnn.allow_tf32 = cudnn
-
-
-@pytest.mark.parametrize("start_matmul", ["highest", "medium"])
-@pytest.mark.parametrize("start_cudnn", [False, True])
-def test_tf32_enabled_sets_and_restores(restore_tf32: None, start_matmul: str, start_cudnn: bool) -> None:
-    torch.set_float32_matmul_precision(start_matmul)
-    torch.backends.cudnn.allow_tf32 = start_cudnn
-    policy = resolve_precision("auto", AMPERE)
-    with policy.tf32_enabled():
-        assert torch.get_float32_matmul_precision() == "high"
-        assert torch.backends.cudnn.allow_tf32 is True
-    assert torch.get_float32_matmul_precision() == start_matmul
-    assert torch.backends.cudnn.allow_tf32 is start_cudnn
-
-
-def test_tf32_enabled_restores_after_an_exception(restore_tf32: None) -> None:
-    torch.set_float32_matmul_precision("highest")
-    torch.backends.cudnn.allow_tf32 = False
-    with pytest.raises(RuntimeError, match="boom"), resolve_precision("auto", AMPERE).tf32_enabled():
-        assert torch.get_float32_matmul_precision() == "high"
-        raise RuntimeError("boom")
-    assert torch.get_float32_matmul_precision() == "highest"
-    assert torch.backends.cudnn.allow_tf32 is False
-
-
-@pytest.mark.parametrize("caps", [CPU, TURING])
-def test_tf32_enabled_is_a_no_op_without_tf32(restore_tf32: None, caps: DeviceCaps) -> None:
-    torch.set_float32_matmul_precision("highest")
-    torch.backends.cudnn.allow_tf32 = False
-    with resolve_precision("auto", caps).tf32_enabled():
-        assert torch.get_float32_matmul_precision() == "highest"
-        assert torch.backends.cudnn.allow_tf32 is False
-    assert torch.get_float32_matmul_precision() == "highest"
 
 
 @pytest.mark.parametrize(("requested", "dtype"), [("bf16-mixed", torch.bfloat16), ("32-true", torch.float32),
