@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--workers", type=workers_arg, default="auto", help="loader workers: 'auto' or N (default: auto)")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir/last.pt if it exists")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the result as JSON")
-    add_config_flags(p, TrainConfig, defaults={"cpu_threads": "auto"})
+    add_config_flags(p, TrainConfig, defaults={"cpu_threads": "auto", "seed": 0})
     p.set_defaults(run=run, command_parser=p)
 
 
@@ -66,11 +66,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(str(e))
     if val_set is None:
         log.warning("no %s/val folder: training without validation (and without best.pt)", root)
-    seed_all(config.seed)  # weight init; data order and augmentation use the loader's seed
+    seed = 0 if config.seed is None else config.seed
+    seed_all(seed)  # weight init; data order and augmentation use the loader's seed
     model = build_model(args.model, num_classes=len(train_set.classes), image_size=args.image_size)
     try:
         train_loader = make_loader(train_set, args.batch_size, shuffle=True, workers=args.workers,
-                                   device=config.device, seed=config.seed)
+                                   device=config.device, seed=seed)
         val_loader = (make_loader(val_set, args.batch_size, shuffle=False, workers=args.workers, device=config.device)
                       if val_set is not None else None)
         trainer = Trainer(model, config=config)

@@ -39,7 +39,9 @@ class TrainConfig:
     log_interval_s: float = field(default=10.0,
                                   metadata=_opt("seconds between log lines when stderr is not a terminal"))
     checkpoint_dir: str | None = field(default=None, metadata=_opt("write last.pt and best.pt here"))
-    seed: int = field(default=0, metadata=_opt("seed for weights init, data order and augmentation"))
+    seed: int | None = field(default=None, metadata=_opt(
+        "seed Python, numpy and torch RNGs when a fresh fit starts (dropout etc.); none leaves them alone. "
+        "The CLI also seeds weight init and the loader's order and augmentation with it"))
     limit_batches: int | None = field(default=None, metadata=_opt("train on at most N batches per epoch"))
     limit_val_batches: int | None = field(default=None, metadata=_opt("validate on at most N batches"))
     device: str = field(default="auto", metadata=_opt("'auto', 'cpu', 'cuda' or 'cuda:N'"))

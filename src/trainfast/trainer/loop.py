@@ -28,6 +28,7 @@ from trainfast.device import resolve_device
 from trainfast.loader.auto import threads_beside_workers
 from trainfast.loader.cpus import available_cpus
 from trainfast.loader.prefetch import DevicePrefetcher
+from trainfast.loader.seeding import seed_all
 from trainfast.precision.policy import LossScaler, device_caps, resolve_precision
 from trainfast.trainer.callbacks import check_callbacks, emit
 from trainfast.trainer.checkpoint import (
@@ -113,6 +114,7 @@ class Trainer:
         self._loss_sum, self._loss_count = torch.zeros((), device=self.device), 0  # since the last read
         self._epoch_loss = [0.0, 0]  # sum, batches: the host side, folded in at log points
         self.last_loss: float | None = None  # mean training loss at the last read
+        self.last_metrics: dict[str, float] = {}  # train_loss, val_loss, val_accuracy of the last epoch
         self._skipped_seen = 0
         log.info("precision: %s (%s); device: %s", self.precision.name, self.precision.reason, self.device)
 
@@ -123,6 +125,8 @@ class Trainer:
         per_epoch = self._batches_per_epoch(train_loader)
         total_steps = cfg.epochs * math.ceil(per_epoch / cfg.accumulate)
         self.scheduler = warmup_cosine(self.optimizer, cfg.warmup_steps, total_steps)
+        if cfg.seed is not None:
+            seed_all(cfg.seed)  # a resumed run then restores the RNG states it saved
         if resume:
             self._resume(resume)
         model = cast(nn.Module, torch.compile(self.model)) if cfg.compile else self.model
@@ -351,7 +355,7 @@ class Trainer:
     # ---------------------------------------------------------------- helpers
     def _result(self, wall_s: float) -> FitResult:
         summary = self.clock.summary()
-        metrics = getattr(self, "last_metrics", {})
+        metrics = self.last_metrics
         ckpt = Path(self.config.checkpoint_dir) if self.config.checkpoint_dir else None
         return FitResult(
             epochs=self.epoch, steps=self.step, samples_per_s=summary.samples_per_s,

@@ -322,3 +322,16 @@ def test_refuses_to_run_as_one_of_several_torchrun_ranks(monkeypatch: pytest.Mon
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match=r"WORLD_SIZE=2: .*launch it without torchrun"):
         Trainer(nn.Linear(2, 2), config=config())
+
+
+def test_seed_makes_dropout_reproducible_whatever_the_global_rng() -> None:
+    x, y = blobs(n=64)
+    states = []
+    for noise in (1, 2):
+        seed_all(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.5), nn.Linear(16, 4))
+        torch.manual_seed(noise)  # the global RNG differs between the two runs when fit starts
+        Trainer(model, config=config(epochs=1, seed=7)).fit(make_loader((x, y), 16))
+        states.append(model.state_dict())
+    for key in states[0]:
+        assert torch.equal(states[0][key], states[1][key]), key
