@@ -116,6 +116,9 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
     cpus = max(1, available_cpus() // local_procs)
 
     tensors = _in_memory_tensors(dataset)
+    if tensors is None and not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        raise TypeError(f"make_loader needs a map-style dataset (with __getitem__ and __len__) or tensors; "
+                        f"got {type(dataset).__name__}")
     n = tensors[0].shape[0] if tensors is not None else len(dataset)  # type: ignore[arg-type]
     plan = plan_loader(workers=workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
                        persistent_workers=persistent_workers, drop_last=drop_last, shuffle=shuffle,
@@ -127,9 +130,6 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
                             world_size=world_size, pin_memory=plan.pin_memory, normalize=norm, plan=plan)
     if tensors is not None and not isinstance(dataset, Dataset):
         dataset = TensorDataset(*tensors)
-    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
-        raise TypeError(f"make_loader needs a map-style dataset (with __getitem__ and __len__) or tensors; "
-                        f"got {type(dataset).__name__}")
     samples = cast(Dataset[Any], dataset)  # any sequence of samples works, as with DataLoader
     batches = EpochBatches(n, batch_size, shuffle=shuffle, drop_last=plan.drop_last, seed=seed, rank=rank,
                            world_size=world_size)

@@ -270,3 +270,8 @@ def test_invalid_arguments_consistent_with_train_config(kwargs: dict[str, Any], 
     args: dict[str, Any] = {"batch_size": 4, "device": "cpu", **kwargs}
     with pytest.raises(ValueError, match=re.escape(message)):
         make_loader(Draws(), **args)
+
+
+def test_an_iterator_is_refused_with_its_type_named() -> None:
+    with pytest.raises(TypeError, match="needs a map-style dataset .* got list_iterator"):
+        make_loader(iter([1, 2, 3]), 2)
