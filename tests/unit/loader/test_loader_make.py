@@ -273,5 +273,5 @@ def test_invalid_arguments_consistent_with_train_config(kwargs: dict[str, Any], 
 
 
 def test_an_iterator_is_refused_with_its_type_named() -> None:
-    with pytest.raises(TypeError, match="needs a map-style dataset .* got list_iterator"):
+    with pytest.raises(TypeError, match=r"needs a map-style dataset .* got list_iterator"):
         make_loader(iter([1, 2, 3]), 2)
