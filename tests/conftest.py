@@ -53,9 +53,11 @@ def guard_globals(request: pytest.FixtureRequest) -> object:
 
 
 def _torch_owned(thread: threading.Thread) -> bool:
-    """torch.compile keeps process-lifetime pools (compile workers); a test marked torch_compile may leave them."""
+    """torch.compile keeps process-lifetime pools (compile workers, tqdm's progress monitor); a test marked
+    torch_compile may leave them."""
     target = getattr(thread, "_target", None)
-    return (getattr(target, "__module__", "") or "").startswith(("torch", "concurrent.futures"))
+    owner = getattr(target, "__module__", None) or type(thread).__module__
+    return owner.startswith(("torch", "concurrent.futures", "tqdm"))
 
 
 @pytest.fixture(scope="session")

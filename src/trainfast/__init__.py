@@ -5,7 +5,9 @@ import logging as _logging
 __version__ = "0.1.0"
 
 from trainfast.data import ImageFolder, build_model, ensure_demo_dataset
+from trainfast.diagnose import Doctor, Report, diagnose
 from trainfast.loader import DevicePrefetcher, make_loader
+from trainfast.monitor import Monitor
 from trainfast.precision import PrecisionPolicy, resolve_precision
 from trainfast.trainer import FitResult, TrainConfig, Trainer
 
@@ -19,5 +21,6 @@ if not _logging.getLogger().hasHandlers() and not _log.handlers:
     _log.setLevel(_logging.INFO)
     _log.propagate = False
 
-__all__ = ["DevicePrefetcher", "FitResult", "ImageFolder", "PrecisionPolicy", "TrainConfig", "Trainer",
-           "__version__", "build_model", "ensure_demo_dataset", "make_loader", "resolve_precision"]
+__all__ = ["DevicePrefetcher", "Doctor", "FitResult", "ImageFolder", "Monitor", "PrecisionPolicy", "Report",
+           "TrainConfig", "Trainer", "__version__", "build_model", "diagnose", "ensure_demo_dataset", "make_loader",
+           "resolve_precision"]

@@ -49,6 +49,8 @@ class TrainConfig:
         default=None,
         metadata=_opt("intra-op threads: N, 'auto' (split cores with loader workers), none = leave torch's"))
     progress: bool = field(default=True, metadata=_opt("show a progress bar on a terminal, log lines otherwise"))
+    monitor: bool = field(default=False, metadata=_opt(
+        "sample CPU, memory, workers and GPUs in a background thread; the summary lands in the result"))
     scaler: ScalerConfig = field(default_factory=ScalerConfig, metadata=_opt("GradScaler knobs (16-mixed)"))
 
     def __post_init__(self) -> None:

@@ -14,8 +14,8 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,10 +25,12 @@ from torch import nn
 
 from trainfast.atomic import atomic_copy
 from trainfast.device import resolve_device
+from trainfast.envcheck.environment import preflight
 from trainfast.loader.auto import threads_beside_workers
 from trainfast.loader.cpus import available_cpus
 from trainfast.loader.prefetch import DevicePrefetcher
 from trainfast.loader.seeding import seed_all
+from trainfast.monitor import Monitor
 from trainfast.precision.policy import LossScaler, device_caps, resolve_precision
 from trainfast.trainer.callbacks import check_callbacks, emit
 from trainfast.trainer.checkpoint import (
@@ -68,12 +70,14 @@ class FitResult:
     best_checkpoint: str | None
     skipped_steps: int
     wall_s: float
+    monitor: dict[str, Any] | None = None  # metric -> {mean, p5, p95, ...} when TrainConfig(monitor=True)
 
     def to_json(self) -> dict[str, Any]:
-        return {"epochs": self.epochs, "steps": self.steps, "samples_per_s": self.samples_per_s,
-                "data_wait_fraction": self.data_wait_fraction, "final_loss": self.final_loss,
-                "val_loss": self.val_loss, "val_accuracy": self.val_accuracy, "checkpoint": self.checkpoint,
-                "best_checkpoint": self.best_checkpoint, "skipped_steps": self.skipped_steps, "wall_s": self.wall_s}
+        out = {"epochs": self.epochs, "steps": self.steps, "samples_per_s": self.samples_per_s,
+               "data_wait_fraction": self.data_wait_fraction, "final_loss": self.final_loss,
+               "val_loss": self.val_loss, "val_accuracy": self.val_accuracy, "checkpoint": self.checkpoint,
+               "best_checkpoint": self.best_checkpoint, "skipped_steps": self.skipped_steps, "wall_s": self.wall_s}
+        return out | ({"monitor": self.monitor} if self.monitor is not None else {})
 
 
 class Trainer:
@@ -130,12 +134,17 @@ class Trainer:
         if resume:
             self._resume(resume)
         model = cast(nn.Module, torch.compile(self.model)) if cfg.compile else self.model
+        self._preflight(train_loader)
         started = time.perf_counter()
-        with torch_settings(cpu_threads=self._cpu_threads(train_loader), tf32=self.precision.tf32,
-                            cudnn_benchmark=cfg.cudnn_benchmark if self.device.type == "cuda" else None), \
-                StopSignal() as stop, _closing(train_loader, val_loader), \
-                ProgressReporter(enabled=cfg.progress, total_steps=total_steps, interval_s=cfg.log_interval_s,
-                                 epochs=cfg.epochs) as bar:
+        with ExitStack() as stack:  # each part undoes itself however fit ends
+            stack.enter_context(torch_settings(cpu_threads=self._cpu_threads(train_loader), tf32=self.precision.tf32,
+                                               cudnn_benchmark=cfg.cudnn_benchmark if self.device.type == "cuda"
+                                               else None))
+            stop = stack.enter_context(StopSignal())
+            stack.enter_context(_closing(train_loader, val_loader))
+            monitor = stack.enter_context(Monitor()) if cfg.monitor else None
+            bar = stack.enter_context(ProgressReporter(enabled=cfg.progress, total_steps=total_steps,
+                                                       interval_s=cfg.log_interval_s, epochs=cfg.epochs))
             emit(self.callbacks, "on_fit_start", self)
             while self.epoch < cfg.epochs:
                 emit(self.callbacks, "on_epoch_start", self, self.epoch)
@@ -144,8 +153,17 @@ class Trainer:
                     self._stop_for_signal()
                 self._end_epoch(model, val_loader)
         result = self._result(time.perf_counter() - started)
+        if monitor is not None:
+            result = replace(result, monitor={name: s.to_json() for name, s in monitor.summary().items()})
         emit(self.callbacks, "on_fit_end", self, result)
         return result
+
+    def _preflight(self, loader: Iterable[Any]) -> None:
+        """Environment checks for this loader before its first batch (shared memory, open files, CPUs, DB handles)."""
+        for check in preflight(loader):
+            if check.status in ("warn", "fail"):
+                fix = f" (fix: {check.fix})" if check.fix else ""
+                log.warning("pre-flight %s: %s%s", check.name, check.detail, fix)
 
     def _train_epoch(self, model: nn.Module, loader: Iterable[Any], n_batches: int, bar: ProgressReporter,
                      stop: StopSignal) -> None:

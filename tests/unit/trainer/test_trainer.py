@@ -335,3 +335,26 @@ def test_seed_makes_dropout_reproducible_whatever_the_global_rng() -> None:
         states.append(model.state_dict())
     for key in states[0]:
         assert torch.equal(states[0][key], states[1][key]), key
+
+
+def test_monitor_summary_in_the_result() -> None:
+    x, y = blobs(n=64)
+    result = Trainer(nn.Linear(8, 4), config=config(epochs=1, monitor=True)).fit(make_loader((x, y), 16))
+    assert result.monitor is not None and "cpu.percent" in result.monitor
+    assert result.to_json()["monitor"]["proc.rss_bytes"]["mean"] > 0
+
+
+def test_preflight_warnings_are_logged_before_the_first_batch(monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    from trainfast.envcheck import Check
+    from trainfast.trainer import loop
+
+    monkeypatch.setattr(loop, "preflight", lambda loader: [Check("shm", "fail", "64 MiB free", "--shm-size=8g")])
+    logger = __import__("logging").getLogger("trainfast")
+    logger.addHandler(caplog.handler)
+    try:
+        x, y = blobs(n=64)
+        Trainer(nn.Linear(8, 4), config=config(epochs=1)).fit(make_loader((x, y), 16))
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert "pre-flight shm: 64 MiB free (fix: --shm-size=8g)" in caplog.text

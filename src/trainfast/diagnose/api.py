@@ -1,0 +1,119 @@
+"""The doctor as an API: `diagnose(loader, step_fn)` for a loader and a step, `Doctor` around an existing loop."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainfast.diagnose.instrument import Instrumentation
+from trainfast.diagnose.report import Report, build_report
+from trainfast.diagnose.timeline import Timeline
+from trainfast.envcheck.environment import environment
+from trainfast.loader.prefetch import move
+from trainfast.monitor import Monitor
+
+
+def _forward_backward(model: nn.Module) -> Callable[[Any], None]:
+    """The default step for `diagnose(loader, model=...)`: forward, cross-entropy (or mean), backward."""
+    device = next(model.parameters()).device
+
+    def step(batch: Any) -> None:
+        inputs, targets = move(batch, device)
+        out = model(inputs)
+        is_class = out.dim() == 2 and targets.dim() == 1 and not targets.is_floating_point()
+        loss = F.cross_entropy(out, targets) if is_class else out.float().mean()
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+    return step
+
+
+def _loader_rate(loader: Iterable[Any], batches: int, warmup: int) -> float | None:
+    """Samples/s of the loader replayed alone (after `warmup` batches), or None if it ran dry."""
+    seen, samples, started = 0, 0, 0.0
+    for batch in loader:
+        seen += 1
+        if seen == warmup:
+            started = time.perf_counter()
+        elif seen > warmup:
+            first = batch[0] if isinstance(batch, (tuple, list)) else batch
+            samples += int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 1
+            if seen >= warmup + batches:
+                break
+    elapsed = time.perf_counter() - started
+    return samples / elapsed if seen > warmup and elapsed > 0 else None
+
+
+def diagnose(loader: Iterable[Any], step_fn: Callable[[Any], Any] | None = None, *, model: nn.Module | None = None,
+             steps: int = 30, warmup: int = 5, replay: bool = True) -> Report:
+    """Measure `steps` training steps of `step_fn(batch)` fed by `loader` (after `warmup`) and report.
+
+    Without `step_fn`, `model` gets a forward + backward step. With `replay`, the loader is first timed
+    alone: how much faster it is than training is the strongest input-bound signal there is. Without a
+    step at all, only the loader is measured and there is no verdict.
+
+    >>> report = trainfast.diagnose(loader, model=model)   # doctest: +SKIP
+    >>> report.render()                                    # doctest: +SKIP
+    """
+    if step_fn is None and model is not None:
+        step_fn = _forward_backward(model)
+    notes: list[str] = []
+    loader_rate = _loader_rate(loader, steps, warmup) if replay and step_fn is not None else None
+    timeline = Timeline(warmup_steps=warmup, max_steps=steps)
+    with Monitor() as monitor, Instrumentation(timeline, optimizer_hook=False) as inst:
+        while not timeline.done:
+            fetched = 0
+            for batch in loader:
+                fetched += 1
+                if step_fn is not None:
+                    step_fn(batch)
+                inst.end_step()
+                if timeline.done:
+                    break
+            if fetched == 0:
+                notes.append("the loader yielded no batch")
+                break
+    records = timeline.records
+    seconds, samples = sum(r.total_s for r in records), sum(r.samples for r in records)
+    headroom = loader_rate * seconds / samples if loader_rate and samples and seconds else None
+    script: dict[str, Any] = {"target": "diagnose()", "loader_samples_per_s": loader_rate, "loader_headroom": headroom}
+    report = build_report(timeline, inst, monitor=monitor, env=environment(), notes=notes, script=script,
+                          loader_headroom=headroom)
+    if step_fn is None:
+        report.verdict = None
+        report.recommendations = []
+        report.notes.append("no step_fn or model: only the loader was measured"
+                            + (f" ({report.samples_per_s:,.0f} samples/s)" if report.samples_per_s else ""))
+    return report
+
+
+class Doctor:
+    """Measure an existing loop: `with Doctor() as doctor: <train>`; then `doctor.report`.
+
+    Steps end at each optimizer step; the first `warmup` are not measured. Nothing is stopped early.
+    """
+
+    def __init__(self, *, warmup: int = 5, monitor_interval_s: float = 0.5) -> None:
+        self.timeline = Timeline(warmup_steps=warmup)
+        self._monitor = Monitor(interval_s=monitor_interval_s)
+        self._inst = Instrumentation(self.timeline)
+        self.report: Report | None = None
+
+    def __enter__(self) -> Doctor:
+        self._monitor.start()
+        try:
+            self._inst.__enter__()
+        except BaseException:
+            self._monitor.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._inst.__exit__(*exc)
+        self._monitor.stop()
+        self.report = build_report(self.timeline, self._inst, monitor=self._monitor, env=environment(),
+                                   script={"target": "Doctor()"})

@@ -1,0 +1,71 @@
+"""The evidence the verdict and the recommendations are computed from: plain data, no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainfast.diagnose.classify import Fractions
+
+
+@dataclass
+class LoaderStats:
+    """One loader seen while measuring: its settings and what it cost."""
+
+    index: int
+    kind: str
+    dataset: str
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    prefetch_factor: int | None
+    batch_size: int | None
+    in_memory: bool
+    decode: str | None  # trainfast ImageFolder's decode mode, when that is the dataset
+    batches_per_epoch: int | None = None
+    batches: int = 0
+    wait_s: float = 0.0
+    epochs: int = 0
+    startup_s: list[float] = field(default_factory=list)  # iter() to first batch, per epoch
+    batch_bytes: int | None = None
+    image_hw: tuple[int, int] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "kind": self.kind, "dataset": self.dataset, "num_workers": self.num_workers,
+                "pin_memory": self.pin_memory, "persistent_workers": self.persistent_workers,
+                "prefetch_factor": self.prefetch_factor, "batch_size": self.batch_size, "in_memory": self.in_memory,
+                "decode": self.decode, "batches_per_epoch": self.batches_per_epoch, "batches": self.batches,
+                "wait_s": self.wait_s, "epochs": self.epochs,
+                "startup_s": list(self.startup_s), "batch_bytes": self.batch_bytes,
+                "image_hw": list(self.image_hw) if self.image_hw else None}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything measured or observed about a run that a recommendation may cite."""
+
+    verdict: str
+    device: str  # "cpu" or "cuda"
+    fractions: Fractions
+    step_s: float  # median measured step
+    steps: int
+    samples_per_s: float | None
+    syncs_per_step: float
+    cpus: int
+    threads: int = 1  # intra-op threads of the training process
+    loaders: tuple[LoaderStats, ...] = ()
+    shm_bytes: int | None = None
+    autocast: tuple[tuple[str, str], ...] = ()  # (device, dtype) seen entered
+    scaler_skip_fraction: float | None = None
+    bf16_supported: bool = False
+    compiled: bool = False
+    recompiled_frames: int = 0
+    graph_breaks: int = 0
+    conv_weights: int = 0
+    conv_weights_channels_last: int = 0
+    cudnn_benchmark: bool = False
+    gpu_memory_fraction: float | None = None  # peak allocated / total
+    jpeg_decoded_pixels: float | None = None  # median pixels per decoded JPEG (main process)
+    wait_spike_ratio: float | None = None  # p95 / median data wait per step
+    worker_rss_growth_per_min: float | None = None
+    notes: tuple[str, ...] = field(default=())

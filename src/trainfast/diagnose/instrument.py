@@ -1,0 +1,358 @@
+"""Instrumentation for an unmodified training loop: every patch installed on entry and removed on exit.
+
+What is patched, and why each is cheap enough (one `perf_counter` pair or a counter per call):
+- `DataLoader.__iter__` (and trainfast's `TensorLoader.__iter__`): the iterator is wrapped to time each
+  `next()` (data wait), the worker start-up of each epoch (`iter()` to first batch) and the batch bytes.
+- torch's global optimizer step hook: a step ends when an optimizer step ends (plain loops, the Trainer,
+  Lightning all call `optimizer.step()`).
+- `Tensor.item` / `tolist` / `__float__` / `__int__`: counted and timed, they are host syncs on a GPU.
+- `Tensor.to` / `Tensor.cuda` (only where CUDA exists): host time blocked in host-to-device copies.
+- `autocast.__enter__`, `GradScaler.step`, JPEG `load()` in this process: what the script uses (mixed
+  precision? skipped steps? decoding full-size images?) for the recommendations; compilation is read from
+  torch._dynamo's counters instead of patching `torch.compile`, which other libraries wrap themselves.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any
+
+import torch
+from PIL import ImageFile
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainfast.diagnose.evidence import LoaderStats
+from trainfast.diagnose.timeline import Timeline
+from trainfast.loader.memory import TensorLoader
+
+
+@dataclass
+class Observations:
+    """What the script was seen to use, read when the report is made."""
+
+    device: str | None = None
+    parameters: int = 0
+    conv_weights: int = 0
+    conv_weights_channels_last: int = 0
+    autocast: set[tuple[str, str]] = field(default_factory=set)  # (device, dtype) entered and enabled
+    scaler_steps: int = 0
+    scaler_found_inf: list[torch.Tensor] = field(default_factory=list)  # device tensors: summed at report time
+    dynamo_at_warmup: dict[str, int] = field(default_factory=dict)
+    jpeg_decoded_pixels: list[int] = field(default_factory=list)
+    syncs: int = 0
+    threads: int = 0  # torch intra-op threads when training started
+
+    def scaler_skipped(self) -> int:
+        return int(sum(int(t.item()) for t in self.scaler_found_inf))
+
+
+def dynamo_counts() -> dict[str, int]:
+    """Frames compiled and graph breaks so far (torch._dynamo's counters; empty if dynamo never loaded)."""
+    if "torch._dynamo" not in sys.modules:
+        return {"frames": 0, "graph_breaks": 0}
+    from torch._dynamo.utils import counters
+
+    return {"frames": int(counters["frames"].get("ok", 0)), "graph_breaks": int(sum(counters["graph_break"].values()))}
+
+
+def _batch_info(batch: Any) -> tuple[int, int, tuple[int, int] | None]:
+    """(samples, bytes, (H, W) of a 4-D first tensor) of a batch of tensors nested in tuples/lists/dicts."""
+    tensors: list[torch.Tensor] = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            tensors.append(x)
+        elif isinstance(x, (tuple, list)):
+            for y in x:
+                walk(y)
+        elif isinstance(x, dict):
+            for y in x.values():
+                walk(y)
+
+    walk(batch)
+    if not tensors:
+        return 0, 0, None
+    first = tensors[0]
+    samples = int(first.shape[0]) if first.dim() > 0 else 1
+    hw = (int(first.shape[-2]), int(first.shape[-1])) if first.dim() == 4 else None
+    return samples, sum(t.numel() * t.element_size() for t in tensors), hw
+
+
+class DeviceEvents:
+    """CUDA events recorded when a step's first batch arrives and when its optimizer step ends.
+
+    The device time between them is the step's work on the GPU (plus any gaps inside the step); read once,
+    at report time, after one synchronize. Recording an event costs a few microseconds and never syncs.
+    """
+
+    def __init__(self, make_event: Callable[[], Any] | None = None) -> None:
+        self._make = make_event or (lambda: torch.cuda.Event(enable_timing=True))
+        self._start: Any = None
+        self.pairs: list[tuple[Any, Any]] = []
+
+    def batch_ready(self) -> None:
+        if self._start is None:
+            self._start = self._make()
+            self._start.record()
+
+    def step_end(self, measured: bool) -> None:
+        if self._start is None:
+            return
+        end = self._make()
+        end.record()
+        if measured:
+            self.pairs.append((self._start, end))
+        self._start = None
+
+    def device_seconds(self) -> list[float]:
+        if self.pairs:
+            torch.cuda.synchronize()
+        return [start.elapsed_time(end) / 1000 for start, end in self.pairs]
+
+
+class _TimedIterator:
+    """Wraps a loader's iterator: times each `next()`; everything else passes through."""
+
+    def __init__(self, it: Iterator[Any], stats: LoaderStats, timeline: Timeline, started: float,
+                 on_batch: Callable[[], None] | None = None) -> None:
+        self._it, self._stats, self._timeline, self._started = it, stats, timeline, started
+        self._on_batch = on_batch
+        self._first = True
+
+    def __iter__(self) -> _TimedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        asked = perf_counter()
+        batch = next(self._it)
+        got = perf_counter()
+        stats = self._stats
+        if self._first:
+            self._first = False
+            stats.startup_s.append(got - self._started)
+            if stats.batch_bytes is None:
+                _, stats.batch_bytes, stats.image_hw = _batch_info(batch)
+        stats.batches += 1
+        stats.wait_s += got - asked
+        self._timeline.fetched(asked, got, _first_dim(batch, stats.batch_size or 0))
+        if self._on_batch is not None:
+            self._on_batch()
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._it)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._it, name)
+
+
+def _first_dim(batch: Any, default: int) -> int:
+    first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else default
+
+
+def describe_loader(loader: Any, index: int) -> LoaderStats:
+    """Settings of a torch DataLoader, a trainfast Loader's inner DataLoader, or a TensorLoader."""
+    try:
+        per_epoch: int | None = len(loader)
+    except TypeError:  # an IterableDataset without __len__
+        per_epoch = None
+    if isinstance(loader, TensorLoader):
+        return LoaderStats(index=index, kind="trainfast TensorLoader", dataset="tensors in memory", num_workers=0,
+                           pin_memory=loader.pin_memory, persistent_workers=False, prefetch_factor=None,
+                           batch_size=loader.batch_size, in_memory=True, decode=None, batches_per_epoch=per_epoch)
+    dataset = loader.dataset
+    kind, batch_size = "DataLoader", loader.batch_size
+    inner = getattr(dataset, "dataset", None)
+    if type(dataset).__name__ == "_SeededBatches" and inner is not None:  # make_loader's wrapper
+        kind, dataset = "trainfast Loader", inner
+        batch_size = getattr(loader.sampler, "batch_size", None)
+    workers = loader.num_workers
+    context = loader.multiprocessing_context
+    return LoaderStats(
+        index=index, kind=kind + (f" ({context.get_start_method()})" if workers and context else ""),
+        dataset=type(dataset).__name__, num_workers=workers, pin_memory=loader.pin_memory,
+        persistent_workers=loader.persistent_workers, prefetch_factor=loader.prefetch_factor if workers else None,
+        batch_size=batch_size, in_memory=isinstance(dataset, TensorDataset), decode=getattr(dataset, "decode", None),
+        batches_per_epoch=per_epoch)
+
+
+class Instrumentation:
+    """Install the hooks on entry, remove every one on exit (also when the script raises)."""
+
+    def __init__(self, timeline: Timeline, *, time_transfers: bool | None = None,
+                 on_loader: Callable[[Any], None] | None = None, optimizer_hook: bool = True,
+                 device_events: DeviceEvents | None = None) -> None:
+        self.timeline = timeline
+        self.on_loader = on_loader  # called before each iter() of a loader: the pre-flight checks
+        self.optimizer_hook = optimizer_hook  # False: the caller ends steps itself (diagnose() with a step_fn)
+        self.time_transfers = torch.cuda.is_available() if time_transfers is None else time_transfers
+        # GPU time per step from CUDA events, where there is a GPU
+        self.device_events = device_events or (DeviceEvents() if torch.cuda.is_available() else None)
+        self.loaders: list[LoaderStats] = []
+        self.observed = Observations()
+        self._by_loader: dict[int, LoaderStats] = {}
+        self._undo: list[Callable[[], None]] = []
+
+    # ---- patch bookkeeping
+    def _patch(self, owner: Any, name: str, replacement: Any) -> Any:
+        had_own = name in vars(owner)
+        original = getattr(owner, name)
+        setattr(owner, name, replacement)
+
+        def undo() -> None:
+            if had_own:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)  # fall back to the inherited attribute, exactly as before
+        self._undo.append(undo)
+        return original
+
+    def __enter__(self) -> Instrumentation:
+        try:
+            self._install()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def stats_for(self, loader: Any) -> LoaderStats:
+        stats = self._by_loader.get(id(loader))
+        if stats is None:
+            stats = describe_loader(loader, len(self.loaders))
+            self._by_loader[id(loader)] = stats
+            self.loaders.append(stats)
+        return stats
+
+    # ---- the hooks
+    def _install(self) -> None:
+        timeline, observed = self.timeline, self.observed
+        self._keep_alive: list[Any] = []  # loaders we describe: their id() must stay unique while measuring
+
+        def wrap_iter(original: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterator[Any]]:
+            def timed_iter(loader: Any) -> Iterator[Any]:
+                if self.on_loader is not None:
+                    self.on_loader(loader)
+                started = time.perf_counter()
+                it = original(loader)
+                stats = self.stats_for(loader)
+                if stats.epochs == 0:
+                    self._keep_alive.append(loader)
+                stats.epochs += 1
+                on_batch = self.device_events.batch_ready if self.device_events else None
+                return _TimedIterator(it, stats, timeline, started, on_batch)
+            return timed_iter
+
+        for owner in (DataLoader, TensorLoader):
+            self._patch(owner, "__iter__", wrap_iter(owner.__iter__))
+
+        end_step = self.end_step if self.optimizer_hook else None
+
+        def on_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            if observed.device is None:
+                self._describe_model(optimizer)
+            if end_step is not None:
+                end_step()
+
+        handle = register_optimizer_step_post_hook(on_step)
+        self._undo.append(handle.remove)
+        if timeline.warmup_steps == 0:
+            observed.dynamo_at_warmup = dynamo_counts()
+
+        for name in ("item", "tolist", "__float__", "__int__"):
+            self._patch(torch.Tensor, name, self._counting_sync(getattr(torch.Tensor, name)))
+        if self.time_transfers:
+            for name in ("to", "cuda"):
+                self._patch(torch.Tensor, name, self._timed_copy(getattr(torch.Tensor, name)))
+        self._observe_precision_and_compile()
+
+    def end_step(self) -> None:
+        timeline = self.timeline
+        if timeline.steps_seen + 1 == timeline.warmup_steps:
+            self.observed.dynamo_at_warmup = dynamo_counts()
+        if self.device_events is not None:
+            self.device_events.step_end(measured=timeline.steps_seen + 1 > timeline.warmup_steps)
+        timeline.step_end()
+
+    def _counting_sync(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        timeline, observed = self.timeline, self.observed
+
+        def counted(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            # torch's own calls (e.g. AdamW reading its step count on the CPU) are not the script's to fix
+            if sys._getframe(1).f_globals.get("__name__", "").startswith("torch"):
+                return original(tensor, *args, **kwargs)
+            started = time.perf_counter()
+            out = original(tensor, *args, **kwargs)
+            observed.syncs += 1
+            timeline.synced(time.perf_counter() - started)
+            return out
+        return counted
+
+    def _timed_copy(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        timeline = self.timeline
+
+        def timed(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if tensor.device.type != "cpu":
+                return original(tensor, *args, **kwargs)
+            started = time.perf_counter()
+            out = original(tensor, *args, **kwargs)
+            if isinstance(out, torch.Tensor) and out.device.type == "cuda":
+                timeline.transferred(time.perf_counter() - started)
+            return out
+        return timed
+
+    def _observe_precision_and_compile(self) -> None:
+        observed = self.observed
+        autocast_cls = torch.amp.autocast_mode.autocast
+        enter = autocast_cls.__enter__
+
+        def autocast_enter(ctx: Any) -> Any:
+            if getattr(ctx, "_enabled", False):
+                observed.autocast.add((str(ctx.device), str(ctx.fast_dtype).replace("torch.", "")))
+            return enter(ctx)  # type: ignore[no-untyped-call]
+        self._patch(autocast_cls, "__enter__", autocast_enter)
+
+        scaler_cls = torch.amp.GradScaler
+        scaler_step = scaler_cls.step
+
+        def step(scaler: Any, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+            out = scaler_step(scaler, optimizer, *args, **kwargs)
+            if scaler.is_enabled():
+                observed.scaler_steps += 1
+                state = scaler._per_optimizer_states.get(id(optimizer), {})
+                found = state.get("found_inf_per_device", {}).values()
+                observed.scaler_found_inf.extend(v.detach().clone() for v in found)  # read at report time
+            return out
+        self._patch(scaler_cls, "step", step)
+
+        load = ImageFile.ImageFile.load
+
+        def jpeg_load(image: Any) -> Any:
+            out = load(image)
+            if getattr(image, "format", None) == "JPEG" and len(observed.jpeg_decoded_pixels) < 10_000:
+                observed.jpeg_decoded_pixels.append(image.size[0] * image.size[1])
+            return out
+        self._patch(ImageFile.ImageFile, "load", jpeg_load)
+
+    def _describe_model(self, optimizer: torch.optim.Optimizer) -> None:
+        observed = self.observed
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if not params:
+            return
+        observed.device = params[0].device.type
+        observed.threads = torch.get_num_threads()
+        observed.parameters = sum(p.numel() for p in params)
+        convs = [p for p in params if p.dim() == 4 and math.prod(p.shape[2:]) > 1]
+        observed.conv_weights = len(convs)
+        observed.conv_weights_channels_last = sum(
+            1 for p in convs if p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous())

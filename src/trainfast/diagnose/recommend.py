@@ -1,0 +1,294 @@
+"""Ranked fixes: pure functions from the evidence to recommendations with a measured why and an estimated gain.
+
+`expected_gain` is the estimated throughput ratio after the fix (1.8 = 1.8x the samples/s), computed
+from the measured split of the step; None where no honest estimate exists. Speed-up factors used when
+the measurement cannot say (AMP, compile, channels_last) are named constants with their source.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from trainfast.diagnose.classify import DATA_WAIT_BOUND, HOST_BOUND
+from trainfast.diagnose.evidence import Evidence, LoaderStats
+
+# Mixed precision on tensor cores; NVIDIA reports 2.6x for ResNet-50 training on an A100. Use a
+# conservative 2x for the compute part of an unknown model.
+AMP_COMPUTE_SPEEDUP = 2.0
+# torch.compile: +43 % geomean training speed-up on A100 in PyTorch's 2.0 benchmark suite.
+COMPILE_COMPUTE_SPEEDUP = 1.43
+# channels_last: 1.6x for the demo ConvNet's step on this project's 2-core CPU (oneDNN); NVIDIA's
+# guidance for mixed-precision convs on tensor cores is of the order of 1.2x.
+CHANNELS_LAST_CPU_SPEEDUP = 1.5
+CHANNELS_LAST_GPU_SPEEDUP = 1.2
+# The in-memory path batches by index gathers: 10.7x the batches/s of DataLoader(TensorDataset) here.
+IN_MEMORY_SPEEDUP = 10.0
+# Draft JPEG decode + uint8: 0.90 vs 1.63 ms per image on the demo images (BENCHMARKS.md): 45 % less work.
+DRAFT_DECODE_SAVING = 0.45
+# /dev/shm holds each worker's prefetched batches and the one being written.
+SHM_MARGIN = 2
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    id: str
+    title: str
+    why: str
+    fix: str
+    expected_gain: float | None
+
+    def to_json(self) -> dict[str, object]:
+        return {"id": self.id, "title": self.title, "why": self.why, "fix": self.fix,
+                "expected_gain": None if self.expected_gain is None else round(self.expected_gain, 3)}
+
+
+def _speedup_of_part(share: float, factor: float) -> float:
+    """Whole-step gain when a part taking `share` of the step gets `factor` times faster (Amdahl)."""
+    return 1.0 / (1.0 - share + share / factor)
+
+
+def _main_loader(e: Evidence) -> LoaderStats | None:
+    """The loader the training steps waited on most."""
+    return max(e.loaders, key=lambda s: s.wait_s, default=None)
+
+
+def num_workers(e: Evidence) -> Recommendation | None:
+    loader = _main_loader(e)
+    if loader is None or loader.in_memory or e.fractions.data_wait <= DATA_WAIT_BOUND:
+        return None
+    wait, compute = e.fractions.data_wait * e.step_s, (1 - e.fractions.data_wait) * e.step_s
+    k0 = loader.num_workers
+    # Time one worker needs per batch: with k0 workers the loader delivers a batch every wait+compute.
+    per_batch = wait if k0 == 0 else k0 * (wait + compute)
+    cap = e.cpus - 1 if e.device == "cuda" else e.cpus  # one core stays with the process feeding the GPU
+    k = min(max(1, cap), max(k0 + 1, math.ceil(per_batch / max(compute, 1e-9))))
+    if k <= k0:
+        return None
+    new_step = max(compute, per_batch / k)
+    caveat, threads = "", ""
+    if e.device == "cpu":  # loading and the model step share the same cores
+        new_step = max(new_step, (per_batch + compute) / e.cpus)
+        caveat = ("; on the CPU the workers share the cores with the model step, so this is an upper bound, "
+                  "reached only with fewer intra-op threads")
+        threads = f"; torch.set_num_threads({max(1, e.cpus - k)})"
+    gain = (wait + compute) / new_step
+    return Recommendation(
+        "num_workers", f"Load batches in {k} worker processes (now {k0})",
+        f"the loop waits {e.fractions.data_wait:.0%} of each step for loader #{loader.index} ({loader.dataset}, "
+        f"num_workers={k0}): {wait * 1e3:.1f} ms of a {e.step_s * 1e3:.1f} ms step; one worker needs "
+        f"~{per_batch * 1e3:.1f} ms per batch, so {k} overlap it with the {compute * 1e3:.1f} ms of compute{caveat}",
+        f"DataLoader(..., num_workers={k}, persistent_workers=True){threads}  # or trainfast.make_loader(dataset, "
+        f"batch_size) / trainfast train --workers auto", gain)
+
+
+def cpu_threads(e: Evidence) -> Recommendation | None:
+    """Workers and intra-op threads oversubscribing the cores when the model trains on the CPU."""
+    workers = sum(s.num_workers for s in e.loaders)
+    if e.device != "cpu" or workers == 0 or e.threads + workers <= e.cpus:
+        return None
+    chosen = max(1, e.cpus - workers)
+    return Recommendation(
+        "cpu_threads", f"Give the model step {chosen} intra-op thread(s) (now {e.threads})",
+        f"{workers} loader worker(s) and {e.threads} intra-op threads share {e.cpus} CPUs: whenever a worker holds a "
+        "core, every parallel op waits for its descheduled thread (on this project's 2-CPU machine a step of a "
+        "small model went from 1.3 ms to 43 ms this way)",
+        f"torch.set_num_threads({chosen})  # or TrainConfig(cpu_threads='auto')", None)
+
+
+def in_memory(e: Evidence) -> Recommendation | None:
+    loader = _main_loader(e)
+    if loader is None or not loader.in_memory or loader.kind.startswith("trainfast TensorLoader"):
+        return None
+    wait = e.fractions.data_wait
+    if loader.num_workers == 0 and wait <= DATA_WAIT_BOUND:
+        return None
+    gain = _speedup_of_part(wait, IN_MEMORY_SPEEDUP) if wait > 0 else None
+    workers = f" with {loader.num_workers} workers (IPC for data already in RAM)" if loader.num_workers else ""
+    return Recommendation(
+        "in_memory", "Batch in-memory tensors by indexing instead of per-sample collate",
+        f"loader #{loader.index} iterates a TensorDataset sample by sample{workers}; data wait is {wait:.0%} of each "
+        f"step; one index gather per batch is {IN_MEMORY_SPEEDUP:.0f}x faster than __getitem__ + collate "
+        "(BENCHMARKS.md)",
+        "loader = trainfast.make_loader((inputs, targets), batch_size)  # num_workers=0, batched indexing", gain)
+
+
+def pin_memory(e: Evidence) -> Recommendation | None:
+    loader = _main_loader(e)
+    if e.device != "cuda" or loader is None or loader.pin_memory or e.fractions.transfer <= 0.02:
+        return None
+    return Recommendation(
+        "pin_memory", "Pin host memory and copy with non_blocking=True",
+        f"{e.fractions.transfer:.0%} of each step is spent blocked copying batches to the GPU from pageable memory",
+        "DataLoader(..., pin_memory=True) and x.to('cuda', non_blocking=True)  # or trainfast.DevicePrefetcher",
+        _speedup_of_part(e.fractions.transfer, 10.0))
+
+
+def persistent_workers(e: Evidence) -> Recommendation | None:
+    loader = _main_loader(e)
+    if loader is None or loader.num_workers == 0 or loader.persistent_workers or not loader.startup_s:
+        return None
+    startup = sum(loader.startup_s) / len(loader.startup_s)
+    epoch_s = (loader.batches_per_epoch or 0) * e.step_s
+    gain = 1 + startup / epoch_s if epoch_s > 0 else None
+    if gain is not None and gain < 1.005:
+        return None
+    return Recommendation(
+        "persistent_workers", "Keep the loader's workers alive between epochs",
+        f"every epoch restarts {loader.num_workers} workers: {startup:.2f} s from iter() to the first batch"
+        + (f", against a {epoch_s:.1f} s epoch" if epoch_s > 0 else ""),
+        "DataLoader(..., persistent_workers=True)", gain)
+
+
+def prefetch_factor(e: Evidence) -> Recommendation | None:
+    loader = _main_loader(e)
+    if (loader is None or loader.num_workers == 0 or e.fractions.data_wait <= DATA_WAIT_BOUND
+            or e.wait_spike_ratio is None or e.wait_spike_ratio < 3):
+        return None
+    current = loader.prefetch_factor or 2
+    return Recommendation(
+        "prefetch_factor", f"Queue more batches per worker (prefetch_factor={current * 2})",
+        f"data wait comes in spikes (95th percentile {e.wait_spike_ratio:.1f}x the median step's): a deeper queue "
+        f"absorbs slow batches; now {loader.num_workers} workers x {current} batches in flight",
+        f"DataLoader(..., prefetch_factor={current * 2})", None)
+
+
+def amp(e: Evidence) -> Recommendation | None:
+    if e.device != "cuda" or e.autocast or e.fractions.compute < 0.3:
+        return None
+    dtype = "bfloat16" if e.bf16_supported else "float16 with a GradScaler"
+    return Recommendation(
+        "amp", f"Train in mixed precision ({dtype})",
+        f"no autocast was seen; compute is {e.fractions.compute:.0%} of each step and tensor cores run "
+        f"{dtype.split()[0]} several times faster than fp32 (assumed {AMP_COMPUTE_SPEEDUP}x on compute)",
+        "with torch.autocast('cuda', dtype=torch.bfloat16): loss = ...  # or TrainConfig(precision='auto')",
+        _speedup_of_part(e.fractions.compute, AMP_COMPUTE_SPEEDUP))
+
+
+def bf16(e: Evidence) -> Recommendation | None:
+    uses_fp16 = any(dtype == "float16" for _, dtype in e.autocast)
+    if not uses_fp16 or not e.bf16_supported or not e.scaler_skip_fraction or e.scaler_skip_fraction < 0.01:
+        return None
+    return Recommendation(
+        "bf16", "Use bfloat16 instead of float16",
+        f"the GradScaler skipped {e.scaler_skip_fraction:.0%} of optimizer steps (inf/NaN gradients); bf16 has "
+        "fp32's exponent range and needs no loss scaling, and this GPU supports it",
+        "torch.autocast('cuda', dtype=torch.bfloat16) without a GradScaler  # or precision='bf16-mixed'",
+        1 / (1 - min(e.scaler_skip_fraction, 0.9)))
+
+
+def compile_model(e: Evidence) -> Recommendation | None:
+    if e.compiled and (e.recompiled_frames or e.graph_breaks):
+        return Recommendation(
+            "compile", "Remove recompilations and graph breaks",
+            f"torch.compile recompiled {e.recompiled_frames} frame(s) during the measured steps and hit "
+            f"{e.graph_breaks} graph break(s); each break runs eagerly, each recompile stalls training",
+            "TORCH_LOGS=recompiles,graph_breaks python train.py  # then mark dynamic dims or move Python out of "
+            "forward", None)
+    if e.compiled or e.device != "cuda" or e.verdict != "compute-bound":
+        return None
+    return Recommendation(
+        "compile", "Compile the model with torch.compile",
+        f"the run is compute-bound ({e.fractions.compute:.0%} compute) and not compiled; fused kernels cut memory "
+        f"traffic (assumed {COMPILE_COMPUTE_SPEEDUP}x on compute, PyTorch's training geomean)",
+        "model = torch.compile(model)  # or TrainConfig(compile=True) / trainfast train --compile",
+        _speedup_of_part(e.fractions.compute, COMPILE_COMPUTE_SPEEDUP))
+
+
+def channels_last(e: Evidence) -> Recommendation | None:
+    nchw = e.conv_weights - e.conv_weights_channels_last
+    mixed = bool(e.autocast)
+    if nchw <= 0 or (e.device == "cuda" and not mixed) or e.fractions.compute < 0.3:
+        return None
+    factor = CHANNELS_LAST_CPU_SPEEDUP if e.device == "cpu" else CHANNELS_LAST_GPU_SPEEDUP
+    where = "oneDNN's fast layout on the CPU" if e.device == "cpu" else "what tensor cores read under autocast"
+    return Recommendation(
+        "channels_last", "Use the channels_last (NHWC) memory format for the conv net",
+        f"{nchw} conv weight(s) are NCHW; NHWC is {where} (assumed {factor}x on the {e.fractions.compute:.0%} of "
+        "the step that is compute)",
+        "model = model.to(memory_format=torch.channels_last); x = x.to(memory_format=torch.channels_last)  "
+        "# or TrainConfig(channels_last='auto')", _speedup_of_part(e.fractions.compute, factor))
+
+
+def cudnn_benchmark(e: Evidence) -> Recommendation | None:
+    if e.device != "cuda" or e.conv_weights == 0 or e.cudnn_benchmark:
+        return None
+    return Recommendation(
+        "cudnn_benchmark", "Let cuDNN benchmark its convolution algorithms",
+        f"{e.conv_weights} conv layer(s) with torch.backends.cudnn.benchmark=False: cuDNN uses a heuristic "
+        "choice instead of timing the candidates once per input shape",
+        "torch.backends.cudnn.benchmark = True  # when input shapes do not change every step", None)
+
+
+def host_sync(e: Evidence) -> Recommendation | None:
+    if e.syncs_per_step < 1:
+        return None
+    if e.device == "cuda":
+        why = (f"{e.syncs_per_step:.1f} host-device sync(s) per step (.item(), float(t), .tolist()): each one "
+               "drains the GPU queue, so the next step's kernels start late")
+        gain: float | None = _speedup_of_part(e.fractions.host, 4.0) if e.fractions.host > 0 else None
+    else:
+        why = (f"{e.syncs_per_step:.1f} .item()/float()/.tolist() call(s) per step: free on the CPU, but each is a "
+               "host-device sync on a GPU")
+        gain = None
+    return Recommendation(
+        "host_sync", "Read metrics from the device every N steps, not every step", why,
+        "running += loss.detach()  # and every 50 steps: print(running.item() / 50); running.zero_()", gain)
+
+
+def shm_size(e: Evidence) -> Recommendation | None:
+    loader = _main_loader(e)
+    if loader is None or loader.num_workers == 0 or e.shm_bytes is None or not loader.batch_bytes:
+        return None
+    need = loader.num_workers * (loader.prefetch_factor or 2) * loader.batch_bytes * SHM_MARGIN
+    if e.shm_bytes >= need:
+        return None
+    return Recommendation(
+        "shm_size", "Give /dev/shm more room",
+        f"{loader.num_workers} workers x prefetch {loader.prefetch_factor or 2} x {loader.batch_bytes / 2**20:.1f} MiB "
+        f"batches need ~{need / 2**20:.0f} MiB of shared memory with margin; /dev/shm has {e.shm_bytes / 2**20:.0f} "
+        "MiB free (a full /dev/shm kills workers with a bus error)",
+        "docker run --shm-size=8g ...  (or --ipc=host); or fewer workers / a lower prefetch_factor", None)
+
+
+def decode_size(e: Evidence) -> Recommendation | None:
+    loader = _main_loader(e)
+    if loader is None or e.fractions.data_wait <= DATA_WAIT_BOUND:
+        return None
+    pixels = loader.image_hw[0] * loader.image_hw[1] if loader.image_hw else None
+    full_decode = loader.decode == "full"
+    oversized = pixels is not None and e.jpeg_decoded_pixels is not None and e.jpeg_decoded_pixels >= 4 * pixels
+    if not (full_decode or oversized):
+        return None
+    evidence = (f"JPEGs are decoded at ~{e.jpeg_decoded_pixels:,.0f} pixels for {pixels:,}-pixel inputs"
+                if oversized else "the dataset decodes every JPEG at full size")
+    return Recommendation(
+        "decode_size", "Decode JPEGs at the size you train at",
+        f"{evidence}; libjpeg can decode at 1/2, 1/4 or 1/8 scale inside the DCT (Pillow's Image.draft) and the "
+        f"resize then starts from a smaller image: {DRAFT_DECODE_SAVING:.0%} less loader work on the demo images",
+        "img.draft('RGB', (w, h)) before img.convert('RGB')  # or trainfast.ImageFolder(root, image_size=...)",
+        _speedup_of_part(e.fractions.data_wait, 1 / (1 - DRAFT_DECODE_SAVING)))
+
+
+def batch_size(e: Evidence) -> Recommendation | None:
+    if e.fractions.host <= HOST_BOUND or (e.gpu_memory_fraction is not None and e.gpu_memory_fraction > 0.5):
+        return None
+    memory = f"; peak GPU memory is {e.gpu_memory_fraction:.0%} of the card" if e.gpu_memory_fraction else ""
+    return Recommendation(
+        "batch_size", "Use a larger batch to amortise per-step overhead",
+        f"{e.fractions.host:.0%} of each step is fixed per-step host work{memory}; doubling the batch halves it per "
+        "sample (scale the learning rate with it)",
+        "DataLoader(..., batch_size=2 * batch_size)  # and lr *= 2 (linear scaling) or sqrt(2)",
+        _speedup_of_part(e.fractions.host, 2.0))
+
+
+RULES: tuple[Callable[[Evidence], Recommendation | None], ...] = (
+    num_workers, cpu_threads, in_memory, pin_memory, persistent_workers, prefetch_factor, amp, bf16, compile_model,
+    channels_last, cudnn_benchmark, host_sync, shm_size, decode_size, batch_size)
+
+
+def recommend(e: Evidence) -> list[Recommendation]:
+    """Every rule that applies, largest expected gain first; fixes without an estimate come last."""
+    found = [r for rule in RULES if (r := rule(e)) is not None]
+    return sorted(found, key=lambda r: -(r.expected_gain or 0.0))

@@ -1,0 +1,217 @@
+"""This machine as training sees it (`environment`), the loader checks to run before the first batch
+(`preflight`), and the block users paste into bug reports (`bug_report_block`)."""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+import psutil
+import torch
+
+from trainfast import __version__
+from trainfast.envcheck.checks import (
+    UNLIMITED,
+    Check,
+    cpu_check,
+    cuda_alloc_conf_check,
+    cuda_versions_check,
+    db_handles_check,
+    format_bytes,
+    nvml_check,
+    open_files_check,
+    read_cuda_alloc_conf,
+    read_driver_version,
+    read_open_files_limit,
+    read_shm_bytes,
+    read_tf32_settings,
+    shm_check,
+    tf32_check,
+)
+from trainfast.loader.cpus import affinity_cpus, cgroup_cpu_limit, usable_cpus
+
+# The JSON fields `environment()` always has (a contract for tools that read `trainfast env --json`).
+CONTRACT_FIELDS = ("python", "torch", "cuda_available", "cpu_count", "cpu_affinity", "cgroup_cpu_limit",
+                   "memory_bytes", "shm_bytes", "gpus", "checks")
+
+
+def gpus() -> list[dict[str, Any]]:
+    """One {index, name, capability: [major, minor], memory_bytes} per visible CUDA device ([] without CUDA)."""
+    if not torch.cuda.is_available():
+        return []
+    found = []
+    for index in range(torch.cuda.device_count()):
+        try:
+            props = torch.cuda.get_device_properties(index)
+        except (RuntimeError, AssertionError):
+            continue
+        found.append({"index": index, "name": props.name, "capability": [props.major, props.minor],
+                      "memory_bytes": int(props.total_memory)})
+    return found
+
+
+def _memory() -> tuple[int | None, int | None]:
+    try:
+        vm = psutil.virtual_memory()
+    except Exception:
+        return None, None
+    return int(vm.total), int(vm.available)
+
+
+def environment() -> dict[str, Any]:
+    """Versions, CPUs, memory, shared memory, GPUs and the machine-wide checks, as JSON-ready values.
+
+    The fields in `CONTRACT_FIELDS` are always present; the others (`trainfast`, `platform`, `torch_cuda`,
+    `cudnn`, `driver`, `usable_cpus`, `memory_available_bytes`, `open_files_limit`) may grow.
+    """
+    cuda = torch.cuda.is_available()
+    affinity, limit = affinity_cpus(), cgroup_cpu_limit()
+    total, available = _memory()
+    shm = read_shm_bytes()
+    nofile = read_open_files_limit()
+    devices = gpus()
+    capability = (int(devices[0]["capability"][0]), int(devices[0]["capability"][1])) if devices else None
+    precision, cudnn_tf32 = read_tf32_settings()
+    try:
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    except Exception:
+        cudnn = None
+    checks: list[Check] = [
+        cpu_check(None, affinity, limit),
+        shm_check(shm, None, None, None),
+        open_files_check(nofile, None),
+        cuda_versions_check(),
+        nvml_check(),
+        tf32_check(cuda, capability, precision, cudnn_tf32),
+        cuda_alloc_conf_check(read_cuda_alloc_conf(), cuda),
+    ]
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda_available": cuda,
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": affinity,
+        "cgroup_cpu_limit": limit,
+        "memory_bytes": total,
+        "shm_bytes": shm,
+        "gpus": devices,
+        "checks": [c.to_json() for c in checks],
+        "trainfast": __version__,
+        "platform": platform.platform(),
+        "torch_cuda": torch.version.cuda,
+        "cudnn": cudnn,
+        "driver": read_driver_version(),
+        "usable_cpus": usable_cpus(affinity, limit),
+        "memory_available_bytes": available,
+        "open_files_limit": None if nofile is None or nofile >= UNLIMITED else nofile,
+    }
+
+
+# --- preflight ---------------------------------------------------------------------------------------------
+
+
+def _attr(obj: object, name: str) -> Any:
+    """getattr that never raises (a property or `__getattr__` of an unknown loader may)."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def loader_settings(loader: object) -> tuple[int | None, int | None]:
+    """(num_workers, prefetch_factor) of a trainfast Loader / TensorLoader (from `.plan`), a torch DataLoader
+    or anything wrapping one as `.dataloader`; None for what cannot be read."""
+    plan = _attr(loader, "plan")
+    if plan is not None and _count(_attr(plan, "num_workers")) is not None:
+        return _count(_attr(plan, "num_workers")), _count(_attr(plan, "prefetch_factor"))
+    for source in (loader, _attr(loader, "dataloader")):
+        workers = _count(_attr(source, "num_workers")) if source is not None else None
+        if workers is not None:
+            return workers, _count(_attr(source, "prefetch_factor"))
+    if _attr(loader, "tensors") is not None and _attr(loader, "batches") is not None:
+        return 0, None  # a TensorLoader built without a plan: batched by indexing, in this process
+    return None, None
+
+
+def estimate_batch_bytes(loader: object) -> int | None:
+    """Bytes per batch for tensors already in memory (a TensorLoader or a loader over a TensorDataset), from
+    their shapes alone; None for anything else (finding out would mean loading a batch)."""
+    batch_size = _count(_attr(loader, "batch_size"))
+    tensors = _attr(loader, "tensors")
+    if tensors is None:
+        tensors = _attr(_attr(loader, "dataset"), "tensors")
+    if not batch_size or not isinstance(tensors, (tuple, list)) or not tensors:
+        return None
+    if not all(isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] > 0 for t in tensors):
+        return None
+    return batch_size * sum(int(t.element_size()) * (int(t.numel()) // int(t.shape[0])) for t in tensors)
+
+
+def preflight(loader: object, *, batch_bytes: int | None = None) -> list[Check]:
+    """The checks to run on `loader` before its first batch: CPUs vs workers, /dev/shm room for the workers'
+    batches, the open-files limit and open database handles on the dataset.
+
+    Reads only settings and instance attributes: it never iterates the loader or indexes the dataset (that
+    would open the very handles it warns about), and never raises on a loader type it does not know.
+    `batch_bytes` (bytes per batch) sharpens the shared-memory check; for in-memory tensors it is estimated.
+    """
+    workers, prefetch = loader_settings(loader)
+    if batch_bytes is None:
+        batch_bytes = estimate_batch_bytes(loader)
+    checks = [
+        cpu_check(workers, affinity_cpus(), cgroup_cpu_limit()),
+        shm_check(read_shm_bytes(), workers, prefetch, batch_bytes),
+        open_files_check(read_open_files_limit(), workers),
+    ]
+    dataset = _attr(loader, "dataset")
+    if dataset is not None:
+        checks.append(db_handles_check(dataset, num_workers=workers))
+    return checks
+
+
+# --- the bug-report block ----------------------------------------------------------------------------------
+
+
+def _gib(n: Any) -> str:
+    return format_bytes(n) if isinstance(n, (int, float)) and not isinstance(n, bool) else "unknown"
+
+
+def bug_report_block(env: dict[str, Any]) -> str:
+    """A fenced text block with versions, CPUs, memory, shared memory, GPUs and the checks that are not ok,
+    for pasting into a bug report. Accepts `environment()`'s dict (missing fields read "unknown")."""
+    def get(key: str) -> Any:
+        value = env.get(key)
+        return "unknown" if value is None else value
+
+    build = f"CUDA {env['torch_cuda']}" if env.get("torch_cuda") else "CPU-only build"
+    extras = [f"cuDNN {env['cudnn']}"] if env.get("cudnn") else []
+    if env.get("driver"):
+        extras.append(f"driver {env['driver']}")
+    quota = env.get("cgroup_cpu_limit")
+    lines = [
+        f"trainfast {get('trainfast')} | Python {get('python')} | torch {get('torch')} ({build})"
+        + "".join(f" | {e}" for e in extras),
+        f"platform: {get('platform')}",
+        f"CPUs: {get('usable_cpus')} usable (os.cpu_count {get('cpu_count')}, affinity {get('cpu_affinity')}, "
+        f"cgroup quota {'none' if quota is None else f'{quota:g}'})",
+        f"memory: {_gib(env.get('memory_bytes'))} | /dev/shm free: {_gib(env.get('shm_bytes'))}",
+    ]
+    devices = env.get("gpus") or []
+    if not devices:
+        lines.append(f"GPUs: none (cuda_available={get('cuda_available')})")
+    for gpu in devices:
+        cap = gpu.get("capability") or ["?", "?"]
+        lines.append(f"GPU {gpu.get('index')}: {gpu.get('name')} (sm_{cap[0]}{cap[1]}, "
+                     f"{_gib(gpu.get('memory_bytes'))})")
+    order = {"fail": 0, "warn": 1, "info": 2}
+    flagged = sorted((c for c in env.get("checks") or [] if c.get("status") != "ok"),
+                     key=lambda c: order.get(c.get("status"), 3))
+    lines.append("checks: all ok" if not flagged else "checks that are not ok:")
+    for check in flagged:
+        lines.append(f"  [{check.get('status')}] {check.get('name')}: {check.get('detail')}")
+    return "```text\n" + "\n".join(lines) + "\n```"

@@ -1,0 +1,151 @@
+"""The zero-code doctor on unmodified scripts of every kind: verdicts, fixes, exit codes, nothing left patched."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch.optim import optimizer as optimizer_module
+from torch.utils.data import DataLoader
+
+from trainfast.cli import main
+from trainfast.diagnose import run_doctor
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+with contextlib.suppress(ImportError):  # Lightning wraps torch.compile on import: import it before the snapshots
+    import pytorch_lightning  # noqa: F401
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_patched() -> Iterator[None]:
+    """After every doctor run the process looks exactly as before it."""
+    before = (DataLoader.__iter__, dict(vars(torch.Tensor)), torch.compile, sys.argv[:], sys.path[:],
+              dict(sys.modules.get("__main__").__dict__) if "__main__" in sys.modules else None)
+    yield
+    after = (DataLoader.__iter__, dict(vars(torch.Tensor)), torch.compile, sys.argv[:], sys.path[:],
+             dict(sys.modules.get("__main__").__dict__) if "__main__" in sys.modules else None)
+    for name, a, b in zip(("DataLoader.__iter__", "Tensor attributes", "torch.compile", "sys.argv", "sys.path",
+                           "__main__"), before, after, strict=True):
+        assert a == b, f"{name} changed"
+    assert not optimizer_module._global_optimizer_post_hooks
+
+
+def doctor(script: str, *args: str, steps: int = 10, warmup: int = 2) -> tuple[dict, object]:
+    run = run_doctor(str(SCRIPTS / script), args=list(args), steps=steps, warmup=warmup)
+    return run.report.to_json(), run
+
+
+def test_seeds_before_loop_is_input_bound_with_num_workers_first(tiny_images: Path) -> None:
+    report, run = doctor("before_loop.py", str(tiny_images / "train"))
+    assert run.exit_code == 0 and report["script"]["outcome"].startswith("stopped after 10 measured steps")
+    assert report["verdict"] == "input-bound" and report["data_wait_fraction"] > 0.3
+    top = report["recommendations"][0]
+    assert top["id"] == "num_workers" and top["expected_gain"] > 1.2
+    assert "num_workers=0" in top["why"] and "num_workers=" in top["fix"]
+    assert {r["id"] for r in report["recommendations"]} >= {"decode_size", "host_sync"}
+    assert report["loaders"][0]["num_workers"] == 0 and report["loaders"][0]["dataset"] == "JpegDataset"
+    assert report["samples_per_s"] > 0 and report["steps_measured"] == 10
+
+
+def test_following_the_num_workers_fix_raises_throughput(tiny_images: Path) -> None:
+    """The measured throughput rises when the script is re-run with the recommended worker count."""
+    before, _ = doctor("before_loop.py", str(tiny_images / "train"), steps=20)
+    fix = next(r for r in before["recommendations"] if r["id"] == "num_workers")["fix"]
+    workers = re.search(r"num_workers=(\d+)", fix).group(1)
+    threads = re.search(r"set_num_threads\((\d+)\)", fix).group(1)  # on the CPU the fix says both
+    assert "persistent_workers=True" in fix
+    after, _ = doctor("before_loop.py", str(tiny_images / "train"), "--workers", workers, "--threads", threads,
+                      "--persistent-workers", steps=20)
+    assert after["loaders"][0]["num_workers"] == int(workers)
+    assert after["data_wait_fraction"] < before["data_wait_fraction"]
+    assert after["samples_per_s"] > 1.2 * before["samples_per_s"]
+
+
+def test_heavy_model_on_in_memory_tensors_is_compute_bound() -> None:
+    report, _ = doctor("in_memory_heavy.py")
+    assert report["verdict"] == "compute-bound"
+    assert report["loaders"] == []  # no DataLoader at all: steps come from the optimizer hook
+    assert report["samples_per_s"] is None and report["steps_measured"] == 10
+    assert "channels_last" in {r["id"] for r in report["recommendations"]}
+    assert "host_sync" not in {r["id"] for r in report["recommendations"]}  # AdamW's own .item() is not the script's
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_worker_start_methods(tiny_images: Path, context: str) -> None:
+    # one epoch of 10 batches: the script ends by itself, its workers shut down normally
+    report, run = doctor("before_loop.py", str(tiny_images / "train"), "--workers", "2", "--context", context,
+                         "--epochs", "1", steps=30)
+    assert run.exit_code == 0 and report["script"]["outcome"] == "the script finished"
+    assert report["loaders"][0]["num_workers"] == 2 and report["loaders"][0]["kind"] == f"DataLoader ({context})"
+    assert report["steps_measured"] == 8 and report["verdict"] is not None
+    assert any("only 8 of the 30 requested steps" in note for note in report["notes"])
+
+
+def test_sys_exit_is_reported_with_its_code() -> None:
+    report, run = doctor("exits.py", warmup=1)
+    assert run.exit_code == 3 and report["script"]["outcome"] == "the script called sys.exit(3)"
+    assert report["steps_measured"] == 3  # 4 steps, 1 warm-up; its `except Exception` did not matter
+
+
+def test_crash_reports_what_was_measured_then_the_error() -> None:
+    report, run = doctor("crashes.py", warmup=1)
+    assert run.exit_code == 1 and report["steps_measured"] == 3
+    assert report["script"]["outcome"] == "the script crashed: ValueError: the data ran out of unicorns"
+    assert "Traceback" in run.error and "unicorns" in run.error
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # Lightning uses a pytree API torch 2.13 deprecates
+def test_pytorch_lightning_script() -> None:
+    pytest.importorskip("pytorch_lightning")
+    report, run = doctor("lightning_script.py")
+    assert run.exit_code == 0 and report["steps_measured"] == 10 and report["verdict"] is not None
+    assert report["loaders"][0]["dataset"] == "TensorDataset"
+
+
+def test_cli_doctor_json_contract(tiny_images: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report.json"
+    code = main(["doctor", "--steps", "5", "--warmup", "1", "--json", str(out), str(SCRIPTS / "before_loop.py"),
+                 "--", str(tiny_images / "train"), "--epochs", "3"])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert {"verdict", "data_wait_fraction", "steps_measured", "samples_per_s", "loaders", "recommendations",
+            "env"} <= set(report)
+    for rec in report["recommendations"]:
+        assert {"id", "title", "why", "fix", "expected_gain"} <= set(rec)
+    assert {"python", "torch", "checks"} <= set(report["env"])
+    printed = capsys.readouterr().out
+    assert "INPUT-BOUND" in printed and "num_workers" in printed
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["doctor"], "give a SCRIPT to run, or -m MODULE"),
+    (["doctor", "missing.py"], "no script at 'missing.py'"),
+    (["doctor", "--steps", "0", "x.py"], "argument --steps: 0 is not valid"),
+])
+def test_cli_doctor_bad_input(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_cli_doctor_module_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    package = tmp_path / "pkgdoc"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text((SCRIPTS / "crashes.py").read_text().replace(
+        'raise ValueError("the data ran out of unicorns")', "import sys; print('args', sys.argv[1:]); sys.exit(0)"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["doctor", "--warmup", "1", "-m", "pkgdoc.train", "--", "--lr", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "args ['--lr', '0.1']" in out and "the script called sys.exit(0)" in out
+    sys.modules.pop("pkgdoc.train", None)
+    sys.modules.pop("pkgdoc", None)

@@ -1,0 +1,119 @@
+"""Recommendation rules: when each fires, what it says, and the ranking by expected gain."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from trainfast.diagnose.classify import Fractions
+from trainfast.diagnose.evidence import Evidence, LoaderStats
+from trainfast.diagnose.recommend import recommend
+
+
+def loader(**overrides: Any) -> LoaderStats:
+    values: dict[str, Any] = {"index": 0, "kind": "DataLoader", "dataset": "JpegDataset", "num_workers": 0,
+                              "pin_memory": False, "persistent_workers": False, "prefetch_factor": None,
+                              "batch_size": 64, "in_memory": False, "decode": None, "batches_per_epoch": 100,
+                              "batches": 30, "wait_s": 1.0, "epochs": 1, "startup_s": [0.01],
+                              "batch_bytes": 64 * 3 * 64 * 64, "image_hw": (64, 64)}
+    return LoaderStats(**(values | overrides))
+
+
+def evidence(**overrides: Any) -> Evidence:
+    values: dict[str, Any] = {"verdict": "compute-bound", "device": "cpu", "fractions": Fractions(0, 0, 0, 1),
+                              "step_s": 0.1, "steps": 30, "samples_per_s": 640.0, "syncs_per_step": 0.0, "cpus": 8,
+                              "threads": 4}
+    return Evidence(**(values | overrides))
+
+
+def ids(e: Evidence) -> list[str]:
+    return [r.id for r in recommend(e)]
+
+
+INPUT_BOUND = Fractions(0.6, 0, 0, 0.4)
+
+
+def test_input_bound_with_no_workers_ranks_num_workers_first() -> None:
+    recs = recommend(evidence(verdict="input-bound", fractions=INPUT_BOUND, loaders=(loader(),), device="cuda"))
+    top = recs[0]
+    assert top.id == "num_workers" and "num_workers=2" in top.fix  # 60 ms of loading over 40 ms of compute
+    assert top.expected_gain == pytest.approx(100 / 40)  # step goes from 100 ms to max(40, 60/2) ms
+    assert "60% of each step" in top.why and "60.0 ms of a 100.0 ms step" in top.why
+
+
+def test_num_workers_on_the_cpu_also_sets_threads_and_is_bounded_by_cores() -> None:
+    e = evidence(verdict="input-bound", fractions=Fractions(0.9, 0, 0, 0.1), loaders=(loader(),), cpus=2, threads=2)
+    top = recommend(e)[0]
+    assert top.id == "num_workers" and "num_workers=2" in top.fix and "torch.set_num_threads(1)" in top.fix
+    assert top.expected_gain == pytest.approx(2.0)  # 100 ms of CPU work on 2 cores
+    assert "upper bound" in top.why
+
+
+def test_more_workers_when_existing_ones_cannot_keep_up() -> None:
+    e = evidence(verdict="input-bound", fractions=INPUT_BOUND, loaders=(loader(num_workers=2),), device="cuda", cpus=16)
+    rec = next(r for r in recommend(e) if r.id == "num_workers")
+    assert "num_workers=5" in rec.fix  # each worker needs 2 x 100 ms per batch; 5 keep up with 40 ms steps
+
+
+def test_no_worker_advice_when_not_input_bound_or_cores_are_used_up() -> None:
+    assert "num_workers" not in ids(evidence(loaders=(loader(),)))
+    full = evidence(fractions=INPUT_BOUND, loaders=(loader(num_workers=7),), device="cuda", cpus=8)
+    assert "num_workers" not in ids(full)
+
+
+def test_cpu_threads_when_workers_and_threads_oversubscribe() -> None:
+    e = evidence(loaders=(loader(num_workers=2),), cpus=2, threads=2)
+    rec = next(r for r in recommend(e) if r.id == "cpu_threads")
+    assert "torch.set_num_threads(1)" in rec.fix and "2 loader worker(s) and 2 intra-op threads share 2 CPUs" in rec.why
+    assert "cpu_threads" not in ids(replace(e, threads=1, cpus=4))
+    assert "cpu_threads" not in ids(replace(e, device="cuda"))
+
+
+@pytest.mark.parametrize(("overrides", "expected", "absent"), [
+    ({"loaders": (loader(in_memory=True, num_workers=2),), "fractions": INPUT_BOUND}, "in_memory", "num_workers"),
+    ({"device": "cuda", "loaders": (loader(),), "fractions": Fractions(0, 0.2, 0, 0.8)}, "pin_memory", None),
+    ({"loaders": (loader(num_workers=4, startup_s=[2.0, 2.0]),)}, "persistent_workers", None),
+    ({"loaders": (loader(num_workers=4, prefetch_factor=2),), "fractions": INPUT_BOUND, "wait_spike_ratio": 5.0},
+     "prefetch_factor", None),
+    ({"device": "cuda"}, "amp", None),
+    ({"device": "cuda", "autocast": (("cuda", "float16"),), "scaler_skip_fraction": 0.2, "bf16_supported": True},
+     "bf16", None),
+    ({"device": "cuda", "autocast": (("cuda", "bfloat16"),)}, "compile", "amp"),
+    ({"compiled": True, "recompiled_frames": 3, "graph_breaks": 1}, "compile", None),
+    ({"conv_weights": 5}, "channels_last", None),
+    ({"device": "cuda", "conv_weights": 5, "autocast": (("cuda", "bfloat16"),)}, "cudnn_benchmark", None),
+    ({"syncs_per_step": 1.0}, "host_sync", None),
+    ({"loaders": (loader(num_workers=4, prefetch_factor=2),), "shm_bytes": 2**20}, "shm_size", None),
+    ({"loaders": (loader(decode="full"),), "fractions": INPUT_BOUND}, "decode_size", None),
+    ({"loaders": (loader(),), "fractions": INPUT_BOUND, "jpeg_decoded_pixels": 400.0 * 300}, "decode_size", None),
+    ({"fractions": Fractions(0, 0, 0.4, 0.6)}, "batch_size", None),
+])
+def test_each_rule_fires_on_its_evidence(overrides: dict[str, Any], expected: str, absent: str | None) -> None:
+    found = ids(evidence(**overrides))
+    assert expected in found
+    if absent:
+        assert absent not in found
+
+
+@pytest.mark.parametrize("overrides", [
+    {"device": "cpu"},                                                  # no AMP advice on the CPU
+    {"device": "cuda", "conv_weights": 5, "conv_weights_channels_last": 5, "cudnn_benchmark": True,
+     "autocast": (("cuda", "bfloat16"),),
+     "compiled": True},
+    {"loaders": (loader(num_workers=4, prefetch_factor=2),), "shm_bytes": 2**40},
+    {"fractions": Fractions(0, 0, 0.4, 0.6), "gpu_memory_fraction": 0.9},  # no room for a bigger batch
+])
+def test_rules_stay_quiet_without_evidence(overrides: dict[str, Any]) -> None:
+    assert not {"amp", "cudnn_benchmark", "shm_size", "batch_size", "channels_last"} & set(ids(evidence(**overrides)))
+
+
+def test_ranked_by_expected_gain_unknown_last() -> None:
+    e = evidence(verdict="input-bound", fractions=INPUT_BOUND, loaders=(loader(decode="full"),), device="cuda",
+                 syncs_per_step=1.0, conv_weights=3, cudnn_benchmark=False)
+    gains = [r.expected_gain for r in recommend(e)]
+    known = [g for g in gains if g is not None]
+    assert known == sorted(known, reverse=True) and gains[len(known):] == [None] * (len(gains) - len(known))
+    for r in recommend(e):
+        assert set(r.to_json()) == {"id", "title", "why", "fix", "expected_gain"} and r.why and r.fix

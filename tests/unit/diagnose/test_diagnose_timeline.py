@@ -1,0 +1,139 @@
+"""Timeline accounting (synthetic clock) and the instrumentation's patches (installed, counted, removed)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch.optim import optimizer as optimizer_module
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainfast.diagnose import timeline as timeline_module
+from trainfast.diagnose.instrument import DeviceEvents, Instrumentation
+from trainfast.diagnose.timeline import StopMeasuring, Timeline
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
+    now = [100.0]
+    monkeypatch.setattr(timeline_module.time, "perf_counter", lambda: now[0])
+    yield now
+
+
+def test_step_split_with_a_synthetic_clock(clock: list[float]) -> None:
+    tl = Timeline(warmup_steps=1, max_steps=2)
+    clock[0] = 101.0
+    tl.step_end()  # warm-up: not recorded
+    clock[0] = 101.5  # 0.5 s of host work (logging), of which 0.2 s waited in .item()
+    tl.synced(0.2)
+    tl.fetched(101.5, 102.5, samples=32)  # 1 s data wait
+    tl.transferred(0.25)
+    tl.synced(0.1)  # inside the compute part: not host time
+    clock[0] = 104.0
+    tl.step_end()
+    [record] = tl.records
+    assert (record.total_s, record.wait_s, record.transfer_s, record.samples, record.syncs) == (3.0, 1.0, 0.25, 32, 2)
+    assert record.host_s == pytest.approx(0.3) and record.compute_s == pytest.approx(1.45)
+    assert not tl.done
+
+
+def test_stop_when_done_raises_a_base_exception(clock: list[float]) -> None:
+    tl = Timeline(warmup_steps=0, max_steps=2)
+    tl.stop_when_done = True
+    tl.step_end()
+    with pytest.raises(StopMeasuring):
+        tl.step_end()
+    assert not issubclass(StopMeasuring, Exception) and tl.done
+
+
+def test_a_step_without_a_loader_has_no_host_split(clock: list[float]) -> None:
+    tl = Timeline(warmup_steps=0)
+    clock[0] = 100.5
+    tl.step_end()
+    assert tl.records[0].host_s == 0 and tl.records[0].compute_s == 0.5
+
+
+@pytest.mark.parametrize(("warmup", "steps"), [(-1, None), (0, 0)])
+def test_bad_arguments(warmup: int, steps: int | None) -> None:
+    with pytest.raises(ValueError, match="need warmup_steps >= 0 and max_steps >= 1"):
+        Timeline(warmup_steps=warmup, max_steps=steps)
+
+
+def snapshot() -> tuple[Any, ...]:
+    return (DataLoader.__iter__, dict(vars(torch.Tensor)), torch.amp.GradScaler.step,
+            torch.amp.autocast_mode.autocast.__enter__, len(optimizer_module._global_optimizer_post_hooks))
+
+
+def test_patches_are_removed_even_when_the_loop_raises() -> None:
+    before = snapshot()
+    with pytest.raises(RuntimeError, match="boom"), Instrumentation(Timeline(warmup_steps=0)):
+        assert snapshot() != before
+        raise RuntimeError("boom")
+    assert snapshot() == before
+
+
+def test_loader_steps_and_user_syncs_are_measured() -> None:
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters())  # its own .item() calls are not counted
+    tl = Timeline(warmup_steps=1)
+    with Instrumentation(tl) as inst:
+        for x, y in DataLoader(data, batch_size=16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            loss.item()  # the script's sync
+    assert len(tl.records) == 3 and all(r.samples == 16 for r in tl.records)
+    assert all(r.syncs == 1 for r in tl.records)  # the .item() after the step lands in the next step
+    [stats] = inst.loaders
+    assert (stats.kind, stats.dataset, stats.batches, stats.epochs, stats.in_memory) == (
+        "DataLoader", "TensorDataset", 4, 1, True)
+    assert stats.batch_bytes == 16 * 4 * 4 + 16 * 8 and stats.batches_per_epoch == 4
+    assert inst.observed.device == "cpu" and inst.observed.parameters == 10
+
+
+def test_autocast_and_scaler_are_observed() -> None:
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40)  # overflows: the step is skipped
+    with Instrumentation(Timeline(warmup_steps=0)) as inst:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(torch.randn(8, 4)).float().pow(2).sum() * 1e30
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    assert ("cpu", "bfloat16") in inst.observed.autocast
+    assert inst.observed.scaler_steps == 1 and inst.observed.scaler_skipped() == 1
+
+
+class FakeEvent:
+    """Stands in for torch.cuda.Event: 'device' time is the host clock at record()."""
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return (end.t - self.t) * 1000
+
+
+def test_device_events_give_gpu_time_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA branch, reached without a GPU: events at batch arrival and step end, one sync at report time."""
+    syncs: list[int] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: syncs.append(1))
+    events = DeviceEvents(make_event=FakeEvent)
+    data = TensorDataset(torch.randn(48, 4), torch.randint(0, 2, (48,)))
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tl = Timeline(warmup_steps=1)
+    with Instrumentation(tl, device_events=events):
+        for x, y in DataLoader(data, batch_size=8):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            time.sleep(0.002)  # "GPU work"
+            optimizer.step()
+    seconds = events.device_seconds()
+    assert len(seconds) == len(tl.records) == 5 and all(s >= 0.002 for s in seconds)
+    assert syncs == [1]
