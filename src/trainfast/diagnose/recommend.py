@@ -271,6 +271,24 @@ def decode_size(e: Evidence) -> Recommendation | None:
         _speedup_of_part(e.fractions.data_wait, 1 / (1 - DRAFT_DECODE_SAVING)))
 
 
+# Worker memory growing faster than this while measuring is not a cache warming up.
+COPY_ON_READ_BYTES_PER_MIN = 100 * 2**20
+
+
+def copy_on_read(e: Evidence) -> Recommendation | None:
+    loader = _main_loader(e)
+    growth = e.worker_rss_growth_per_min
+    if loader is None or loader.num_workers == 0 or growth is None or growth < COPY_ON_READ_BYTES_PER_MIN:
+        return None
+    return Recommendation(
+        "copy_on_read", "Keep the dataset's per-sample lists in numpy arrays, not Python lists",
+        f"the {loader.num_workers} loader workers' resident memory grew by {growth / 2**20:,.0f} MiB per minute while "
+        "measuring: reading a Python list of objects touches their refcounts, so each worker gradually copies the "
+        "parent's pages (pytorch#13246); long runs end in an out-of-memory kill",
+        "self.paths = np.array(paths, dtype=bytes)  # or one bytes buffer + offsets; as trainfast.ImageFolder does",
+        None)
+
+
 def batch_size(e: Evidence) -> Recommendation | None:
     if e.fractions.host <= HOST_BOUND or (e.gpu_memory_fraction is not None and e.gpu_memory_fraction > 0.5):
         return None
@@ -285,7 +303,7 @@ def batch_size(e: Evidence) -> Recommendation | None:
 
 RULES: tuple[Callable[[Evidence], Recommendation | None], ...] = (
     num_workers, cpu_threads, in_memory, pin_memory, persistent_workers, prefetch_factor, amp, bf16, compile_model,
-    channels_last, cudnn_benchmark, host_sync, shm_size, decode_size, batch_size)
+    channels_last, cudnn_benchmark, host_sync, shm_size, decode_size, copy_on_read, batch_size)
 
 
 def recommend(e: Evidence) -> list[Recommendation]:

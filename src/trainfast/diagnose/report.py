@@ -16,6 +16,7 @@ from trainfast.diagnose.instrument import Instrumentation, dynamo_counts
 from trainfast.diagnose.recommend import Recommendation, recommend
 from trainfast.diagnose.timeline import StepRecord, Timeline
 from trainfast.loader.cpus import available_cpus
+from trainfast.monitor import growth_per_minute
 
 
 @dataclass
@@ -124,7 +125,8 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
         graph_breaks=dynamo["graph_breaks"], conv_weights=observed.conv_weights,
         conv_weights_channels_last=observed.conv_weights_channels_last,
         cudnn_benchmark=benchmark, gpu_memory_fraction=_gpu_memory_fraction(device), jpeg_decoded_pixels=decoded,
-        wait_spike_ratio=_percentile(waits, 0.95) / mean_wait if mean_wait > 0 else None)
+        wait_spike_ratio=_percentile(waits, 0.95) / mean_wait if mean_wait > 0 else None,
+        worker_rss_growth_per_min=_worker_rss_growth(monitor))
     return Report(
         verdict=verdict, fractions=fractions, steps=records, warmup_steps=timeline.warmup_steps,
         samples_per_s=evidence.samples_per_s, step_s=evidence.step_s if records else None,
@@ -147,6 +149,14 @@ def _device_busy(instrumentation: Instrumentation, records: list[StepRecord]) ->
     device_s = events.device_seconds()
     host_s = sum(r.total_s for r in records[-len(device_s):])
     return min(1.0, sum(device_s) / host_s) if host_s > 0 else None
+
+
+def _worker_rss_growth(monitor: Any) -> float | None:
+    """Bytes per minute the loader workers' resident memory grew by while measuring (copy-on-read shows here)."""
+    if monitor is None or "workers.rss_bytes" not in monitor.metrics():
+        return None
+    times, values = monitor.series("workers.rss_bytes")
+    return growth_per_minute(times, values) if len(values) >= 4 else None
 
 
 def _gpu_memory_fraction(device: str) -> float | None:

@@ -82,7 +82,7 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
     env = environment()
     env["checks"] = [*env.get("checks", []), *checks]
     script = {"target": f"-m {target}" if module else target, "args": list(args or []), "outcome": outcome,
-              "exit_code": exit_code}
+              "exit_code": exit_code, "error": error}
     notes = []
     if len(timeline.records) < steps and "stopped" not in outcome:
         notes.append(f"only {len(timeline.records)} of the {steps} requested steps were measured before the script "

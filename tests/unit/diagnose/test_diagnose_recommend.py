@@ -89,6 +89,7 @@ def test_cpu_threads_when_workers_and_threads_oversubscribe() -> None:
     ({"loaders": (loader(decode="full"),), "fractions": INPUT_BOUND}, "decode_size", None),
     ({"loaders": (loader(),), "fractions": INPUT_BOUND, "jpeg_decoded_pixels": 400.0 * 300}, "decode_size", None),
     ({"fractions": Fractions(0, 0, 0.4, 0.6)}, "batch_size", None),
+    ({"loaders": (loader(num_workers=4),), "worker_rss_growth_per_min": 500 * 2**20}, "copy_on_read", None),
 ])
 def test_each_rule_fires_on_its_evidence(overrides: dict[str, Any], expected: str, absent: str | None) -> None:
     found = ids(evidence(**overrides))
