@@ -14,16 +14,20 @@ from trainfast.diagnose.instrument import Instrumentation
 from trainfast.diagnose.report import Report, build_report
 from trainfast.diagnose.timeline import Timeline
 from trainfast.envcheck.environment import environment
-from trainfast.loader.prefetch import move
+from trainfast.loader.prefetch import InputTransform, move
 from trainfast.monitor import Monitor
 
 
-def _forward_backward(model: nn.Module) -> Callable[[Any], None]:
-    """The default step for `diagnose(loader, model=...)`: forward, cross-entropy (or mean), backward."""
+def _forward_backward(model: nn.Module, loader: Any) -> Callable[[Any], None]:
+    """The default step for `diagnose(loader, model=...)`: forward, cross-entropy (or mean), backward.
+
+    Inputs get the loader's normalisation (trainfast loaders yield uint8 images), as in the Trainer.
+    """
     device = next(model.parameters()).device
+    transform = InputTransform(device, getattr(loader, "normalize", None), channels_last=False)
 
     def step(batch: Any) -> None:
-        inputs, targets = move(batch, device)
+        inputs, targets = transform(move(batch, device))
         out = model(inputs)
         is_class = out.dim() == 2 and targets.dim() == 1 and not targets.is_floating_point()
         loss = F.cross_entropy(out, targets) if is_class else out.float().mean()
@@ -60,7 +64,7 @@ def diagnose(loader: Iterable[Any], step_fn: Callable[[Any], Any] | None = None,
     >>> report.render()                                    # doctest: +SKIP
     """
     if step_fn is None and model is not None:
-        step_fn = _forward_backward(model)
+        step_fn = _forward_backward(model, loader)
     notes: list[str] = []
     loader_rate = _loader_rate(loader, steps, warmup) if replay and step_fn is not None else None
     timeline = Timeline(warmup_steps=warmup, max_steps=steps)
