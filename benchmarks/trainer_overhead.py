@@ -24,7 +24,7 @@ from trainfast import TrainConfig, Trainer
 from trainfast.bench.hardware import describe, hardware
 from trainfast.bench.timing import Spread, interleave, ratios
 from trainfast.cli.output import write_json
-from trainfast.trainer.loop import default_optimizer
+from trainfast.trainer.optimizer import default_optimizer
 from trainfast.trainer.schedule import warmup_cosine
 
 

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from trainfast.data.images import ImageFolder
 from trainfast.trainer.clock import StepClock
-from trainfast.trainer.loop import default_optimizer
+from trainfast.trainer.optimizer import default_optimizer
 from trainfast.trainer.schedule import warmup_cosine
 
 

@@ -42,14 +42,15 @@ class Observations:
     conv_weights_channels_last: int = 0
     autocast: set[tuple[str, str]] = field(default_factory=set)  # (device, dtype) entered and enabled
     scaler_steps: int = 0
-    scaler_found_inf: list[torch.Tensor] = field(default_factory=list)  # device tensors: summed at report time
+    scaler_found_inf: dict[str, torch.Tensor] = field(default_factory=dict)  # per device, summed on it
     dynamo_at_warmup: dict[str, int] = field(default_factory=dict)
     jpeg_decoded_pixels: list[int] = field(default_factory=list)
     syncs: int = 0
     threads: int = 0  # torch intra-op threads when training started
 
     def scaler_skipped(self) -> int:
-        return int(sum(int(t.item()) for t in self.scaler_found_inf))
+        """Optimizer steps the GradScaler skipped (reading it synchronises: report time only)."""
+        return int(sum(int(t.item()) for t in self.scaler_found_inf.values()))
 
 
 def dynamo_counts() -> dict[str, int]:
@@ -198,6 +199,7 @@ class Instrumentation:
         self.loaders: list[LoaderStats] = []
         self.observed = Observations()
         self._by_loader: dict[int, LoaderStats] = {}
+        self._keep_alive: list[Any] = []  # loaders described: their id() must stay unique while measuring
         self._undo: list[Callable[[], None]] = []
 
     # ---- patch bookkeeping
@@ -237,7 +239,6 @@ class Instrumentation:
     # ---- the hooks
     def _install(self) -> None:
         timeline, observed = self.timeline, self.observed
-        self._keep_alive: list[Any] = []  # loaders we describe: their id() must stay unique while measuring
 
         def wrap_iter(original: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterator[Any]]:
             def timed_iter(loader: Any) -> Iterator[Any]:
@@ -330,8 +331,10 @@ class Instrumentation:
             if scaler.is_enabled():
                 observed.scaler_steps += 1
                 state = scaler._per_optimizer_states.get(id(optimizer), {})
-                found = state.get("found_inf_per_device", {}).values()
-                observed.scaler_found_inf.extend(v.detach().clone() for v in found)  # read at report time
+                for found in state.get("found_inf_per_device", {}).values():  # summed on the device, no sync
+                    key = str(found.device)
+                    total = observed.scaler_found_inf.get(key)
+                    observed.scaler_found_inf[key] = found.detach().float() if total is None else total + found
             return out
         self._patch(scaler_cls, "step", step)
 

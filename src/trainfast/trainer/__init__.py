@@ -2,7 +2,8 @@
 
 from trainfast.trainer.checkpoint import CheckpointError, atomic_save, load_checkpoint
 from trainfast.trainer.config import ConfigError, TrainConfig
-from trainfast.trainer.loop import FitResult, NonFiniteLossError, Trainer
+from trainfast.trainer.loop import NonFiniteLossError, Trainer
+from trainfast.trainer.result import FitResult
 
 __all__ = ["CheckpointError", "ConfigError", "FitResult", "NonFiniteLossError", "TrainConfig", "Trainer",
            "atomic_save", "load_checkpoint"]

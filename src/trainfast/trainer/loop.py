@@ -15,7 +15,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -43,7 +43,9 @@ from trainfast.trainer.checkpoint import (
 )
 from trainfast.trainer.clock import StepClock
 from trainfast.trainer.config import ConfigError, TrainConfig
+from trainfast.trainer.optimizer import default_optimizer
 from trainfast.trainer.progress import ProgressReporter
+from trainfast.trainer.result import FitResult
 from trainfast.trainer.schedule import warmup_cosine
 from trainfast.trainer.settings import torch_settings
 from trainfast.trainer.signals import EXIT_CODE, StopSignal
@@ -55,29 +57,6 @@ StepFn = Callable[[nn.Module, Any], torch.Tensor]
 
 class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite; no checkpoint was written after it did."""
-
-
-@dataclass(frozen=True)
-class FitResult:
-    epochs: int
-    steps: int
-    samples_per_s: float
-    data_wait_fraction: float
-    final_loss: float | None
-    val_loss: float | None
-    val_accuracy: float | None
-    checkpoint: str | None
-    best_checkpoint: str | None
-    skipped_steps: int
-    wall_s: float
-    monitor: dict[str, Any] | None = None  # metric -> {mean, p5, p95, ...} when TrainConfig(monitor=True)
-
-    def to_json(self) -> dict[str, Any]:
-        out = {"epochs": self.epochs, "steps": self.steps, "samples_per_s": self.samples_per_s,
-               "data_wait_fraction": self.data_wait_fraction, "final_loss": self.final_loss,
-               "val_loss": self.val_loss, "val_accuracy": self.val_accuracy, "checkpoint": self.checkpoint,
-               "best_checkpoint": self.best_checkpoint, "skipped_steps": self.skipped_steps, "wall_s": self.wall_s}
-        return out | ({"monitor": self.monitor} if self.monitor is not None else {})
 
 
 class Trainer:
@@ -458,12 +437,3 @@ def resolve_channels_last(setting: bool | str, model: nn.Module, device: torch.d
     if has_conv:
         log.info("channels_last=%s (conv net, %s%s)", chosen, device.type, ", mixed precision" if mixed else "")
     return chosen
-
-
-def default_optimizer(model: nn.Module, lr: float, weight_decay: float, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW; weight decay on matrices and kernels only (decaying biases and norm gains only hurts)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    # fused: one kernel for all parameters on CUDA instead of a launch per tensor
-    return torch.optim.AdamW(groups, lr=lr, fused=device.type == "cuda")

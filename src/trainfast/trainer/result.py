@@ -1,0 +1,29 @@
+"""`FitResult`: what `Trainer.fit` measured and where it left the checkpoints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FitResult:
+    epochs: int
+    steps: int
+    samples_per_s: float
+    data_wait_fraction: float
+    final_loss: float | None
+    val_loss: float | None
+    val_accuracy: float | None
+    checkpoint: str | None
+    best_checkpoint: str | None
+    skipped_steps: int
+    wall_s: float
+    monitor: dict[str, Any] | None = None  # metric -> {mean, p5, p95, ...} when TrainConfig(monitor=True)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"epochs": self.epochs, "steps": self.steps, "samples_per_s": self.samples_per_s,
+               "data_wait_fraction": self.data_wait_fraction, "final_loss": self.final_loss,
+               "val_loss": self.val_loss, "val_accuracy": self.val_accuracy, "checkpoint": self.checkpoint,
+               "best_checkpoint": self.best_checkpoint, "skipped_steps": self.skipped_steps, "wall_s": self.wall_s}
+        return out | ({"monitor": self.monitor} if self.monitor is not None else {})
