@@ -24,6 +24,7 @@ class LoaderStats:
     decode: str | None  # trainfast ImageFolder's decode mode, when that is the dataset
     batches_per_epoch: int | None = None
     batches: int = 0
+    evaluation_batches: int = 0  # fetched with gradients off: validation, not training
     wait_s: float = 0.0
     epochs: int = 0
     startup_s: list[float] = field(default_factory=list)  # iter() to first batch, per epoch
@@ -35,6 +36,7 @@ class LoaderStats:
                 "pin_memory": self.pin_memory, "persistent_workers": self.persistent_workers,
                 "prefetch_factor": self.prefetch_factor, "batch_size": self.batch_size, "in_memory": self.in_memory,
                 "decode": self.decode, "batches_per_epoch": self.batches_per_epoch, "batches": self.batches,
+                "evaluation_batches": self.evaluation_batches,
                 "wait_s": self.wait_s, "epochs": self.epochs,
                 "startup_s": list(self.startup_s), "batch_bytes": self.batch_bytes,
                 "image_hw": list(self.image_hw) if self.image_hw else None}

@@ -141,6 +141,10 @@ class _TimedIterator:
                 _, stats.batch_bytes, stats.image_hw = _batch_info(batch)
         stats.batches += 1
         stats.wait_s += got - asked
+        if not torch.is_grad_enabled():  # an evaluation pass (validation runs under no_grad / inference_mode)
+            stats.evaluation_batches += 1
+            self._timeline.evaluation_fetch()
+            return batch
         self._timeline.fetched(asked, got, _first_dim(batch, stats.batch_size or 0))
         if self._on_batch is not None:
             self._on_batch()

@@ -50,8 +50,9 @@ def _speedup_of_part(share: float, factor: float) -> float:
 
 
 def _main_loader(e: Evidence) -> LoaderStats | None:
-    """The loader the training steps waited on most."""
-    return max(e.loaders, key=lambda s: s.wait_s, default=None)
+    """The training loader the steps waited on most (validation loaders, fetched without gradients, excluded)."""
+    training = [s for s in e.loaders if s.batches > s.evaluation_batches]
+    return max(training, key=lambda s: s.wait_s, default=None)
 
 
 def num_workers(e: Evidence) -> Recommendation | None:

@@ -109,6 +109,9 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
         "cudnn_benchmark": benchmark, "gpu_util_mean": gpu_util, "device_busy_fraction": device_busy,
         "jpeg_decoded_pixels_median": decoded,
     }
+    if timeline.evaluation_steps:
+        notes.append(f"{timeline.evaluation_steps} step(s) that spanned an evaluation pass (batches fetched with "
+                     "gradients off) were left out of the figures")
     if not records:
         notes.append("no optimizer step was measured: the script ended or failed before "
                      f"{timeline.warmup_steps + 1} optimizer steps (warm-up {timeline.warmup_steps})")

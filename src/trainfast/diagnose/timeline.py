@@ -8,6 +8,8 @@ Filled by the instrumentation hooks (see instrument.py); a step ends when an opt
   checkpoints), less the time spent waiting for the device in syncs such as `.item()`, which is the
   device's compute and counted as such;
 - compute: the rest (forward, backward, optimizer step, device waits).
+A step during which a batch was fetched with gradients off (a validation pass between two optimizer steps)
+is not a training step's cost: it is left out and counted in `evaluation_steps`.
 The hooks only add floats and append a tuple per step (~1 us); nothing synchronises the device.
 """
 
@@ -45,12 +47,14 @@ class Timeline:
         self.warmup_steps, self.max_steps = warmup_steps, max_steps
         self.started = time.perf_counter()
         self.steps_seen = 0
+        self.evaluation_steps = 0  # measured-range steps left out because they spanned an evaluation pass
         self.stop_when_done = False  # set by the zero-code runner: raise StopMeasuring at max_steps
         self._rows: list[tuple[float, float, float, float, float, int, int]] = []  # measured steps, as tuples
         self._step_start = self.started
         self._wait = self._transfer = self._gap_sync_wait = 0.0
         self._samples = self._syncs = 0
         self._first_ask: float | None = None
+        self._evaluated = False
 
     # ---- called by the hooks: keep them lean, they run every step
     def fetched(self, asked: float, got: float, samples: int) -> None:
@@ -58,6 +62,10 @@ class Timeline:
             self._first_ask = asked
         self._wait += got - asked
         self._samples += samples
+
+    def evaluation_fetch(self) -> None:
+        """A batch fetched with gradients off: this step spans an evaluation pass."""
+        self._evaluated = True
 
     def transferred(self, seconds: float) -> None:
         self._transfer += seconds
@@ -70,7 +78,9 @@ class Timeline:
     def step_end(self) -> None:
         now = time.perf_counter()
         self.steps_seen += 1
-        if self.steps_seen > self.warmup_steps:
+        if self._evaluated and self.steps_seen > self.warmup_steps:
+            self.evaluation_steps += 1
+        elif self.steps_seen > self.warmup_steps:
             start, first_ask = self._step_start, self._first_ask
             host = (first_ask - start - self._gap_sync_wait) if first_ask is not None else 0.0
             self._rows.append((now - self.started, now - start, self._wait, self._transfer, max(0.0, host),
@@ -79,6 +89,7 @@ class Timeline:
         self._wait = self._transfer = self._gap_sync_wait = 0.0
         self._samples = self._syncs = 0
         self._first_ask = None
+        self._evaluated = False
         if self.stop_when_done and self.max_steps is not None and len(self._rows) >= self.max_steps:
             raise StopMeasuring
 

@@ -68,3 +68,23 @@ def test_doctor_context_manager_around_a_loop() -> None:
             optimizer.zero_grad()
     assert doctor.report is not None and len(doctor.report.steps) == 10
     assert doctor.report.to_json()["script"]["target"] == "Doctor()"
+
+
+def test_steps_spanning_validation_are_left_out() -> None:
+    """A validation pass between two optimizer steps is not that step's data wait (seen in the doctor's own run)."""
+    from trainfast import TrainConfig, Trainer, make_loader
+
+    x, y = torch.randn(128, 4), torch.randint(0, 2, (128,))
+    slow_val = DataLoader(SlowDataset(), batch_size=64)  # 2 ms per sample: would dominate the step it lands in
+    with Doctor(warmup=1) as doctor:
+        Trainer(nn.Linear(8, 2), config=TrainConfig(epochs=3, progress=False, device="cpu")).fit(
+            make_loader((torch.randn(128, 8), y), 16), slow_val)
+    report = doctor.report
+    # 128 slow samples per validation pass (~0.3 s) against ~0.2 ms training steps: had they counted, the data
+    # wait would be ~99 %
+    assert report is not None and report.data_wait_fraction < 0.5
+    assert any("spanned an evaluation pass" in note for note in report.notes)
+    val_stats = next(s for s in report.loaders if s.dataset == "SlowDataset")
+    assert val_stats.evaluation_batches == val_stats.batches > 0
+    assert all("SlowDataset" not in r.why for r in report.recommendations)
+    del x
