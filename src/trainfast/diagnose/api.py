@@ -13,7 +13,7 @@ from torch import nn
 from trainfast.diagnose.instrument import Instrumentation
 from trainfast.diagnose.report import Report, build_report
 from trainfast.diagnose.timeline import Timeline
-from trainfast.envcheck.environment import environment
+from trainfast.envcheck.environment import environment, loader_settings
 from trainfast.loader.prefetch import InputTransform, move
 from trainfast.monitor import Monitor
 
@@ -84,9 +84,12 @@ def diagnose(loader: Iterable[Any], step_fn: Callable[[Any], Any] | None = None,
     records = timeline.records
     seconds, samples = sum(r.total_s for r in records), sum(r.samples for r in records)
     headroom = loader_rate * seconds / samples if loader_rate and samples and seconds else None
+    # Replay headroom says something only for a loader that runs beside training (workers): without workers,
+    # loading is part of every step and headroom is just 1 / (1 - data wait).
+    asynchronous = (loader_settings(loader)[0] or 0) > 0
     script: dict[str, Any] = {"target": "diagnose()", "loader_samples_per_s": loader_rate, "loader_headroom": headroom}
     report = build_report(timeline, inst, monitor=monitor, env=environment(), notes=notes, script=script,
-                          loader_headroom=headroom)
+                          loader_headroom=headroom if asynchronous else None)
     if step_fn is None:
         report.verdict = None
         report.recommendations = []

@@ -67,8 +67,12 @@ def classify(f: Fractions, *, device: str, gpu_util: float | None = None,
     if loader_headroom is not None and loader_headroom <= REPLAY_CERTAIN:
         return Verdict("input-bound", f"the loader alone delivers only {loader_headroom:.2f}x the rate training "
                                       f"consumes (<= {REPLAY_CERTAIN}x: certain bottleneck); {pct}")
+    # A loader replayed alone at more than 1.5x the training rate cannot be what limits training: what data
+    # wait remains is jitter (a slow batch now and then), not throughput.
+    loader_fast = loader_headroom is not None and loader_headroom > REPLAY_POSSIBLE
+    wait_bound = 1.0 if loader_fast else DATA_WAIT_BOUND
     wasted = [(share, name, why) for share, name, why, bound in (
-        (f.data_wait, "input-bound", "the step waits for the next batch", DATA_WAIT_BOUND),
+        (f.data_wait, "input-bound", "the step waits for the next batch", wait_bound),
         (f.transfer, "transfer-bound", "the step waits for host-to-device copies", TRANSFER_BOUND),
         (f.host, "host-bound", "Python between optimizer steps keeps the device idle", HOST_BOUND),
     ) if share > bound]
@@ -78,10 +82,13 @@ def classify(f: Fractions, *, device: str, gpu_util: float | None = None,
     if device == "cuda" and gpu_util is not None and gpu_util < LOW_GPU_UTIL:
         return Verdict("host-bound", f"GPU busy only {gpu_util:.0f}% of the time while the step is not waiting on "
                                      f"data: launch overhead, small kernels or syncs; {pct}")
-    if f.compute >= COMPUTE_BOUND:
+    jitter = ""
+    if loader_fast and f.data_wait > DATA_WAIT_BOUND:
+        jitter = f"; the {f.data_wait:.0%} data wait is jitter: the loader alone is {loader_headroom:.1f}x faster"
+    if f.compute + (f.data_wait if loader_fast else 0.0) >= COMPUTE_BOUND:
         where = "the model step on the CPU" if device == "cpu" else "the GPU"
-        return Verdict("compute-bound", f"{where} takes {f.compute:.0%} of each step; {pct}")
-    hint = ""
+        return Verdict("compute-bound", f"{where} takes {f.compute:.0%} of each step; {pct}{jitter}")
+    hint = jitter
     if loader_headroom is not None and loader_headroom <= REPLAY_POSSIBLE:
         hint = f"; the loader alone is only {loader_headroom:.2f}x faster than training: a possible bottleneck"
     return Verdict("balanced", f"no single part dominates ({pct}){hint}")

@@ -69,5 +69,6 @@ class Evidence:
     gpu_memory_fraction: float | None = None  # peak allocated / total
     jpeg_decoded_pixels: float | None = None  # median pixels per decoded JPEG (main process)
     wait_spike_ratio: float | None = None  # p95 / median data wait per step
+    loader_headroom: float | None = None  # loader replayed alone / training throughput (diagnose() measures it)
     worker_rss_growth_per_min: float | None = None
     notes: tuple[str, ...] = field(default=())

@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainfast.diagnose.classify import DATA_WAIT_BOUND, HOST_BOUND
+from trainfast.diagnose.classify import DATA_WAIT_BOUND, HOST_BOUND, REPLAY_POSSIBLE
 from trainfast.diagnose.evidence import Evidence, LoaderStats
 
 # Mixed precision on tensor cores; NVIDIA reports 2.6x for ResNet-50 training on an A100. Use a
@@ -59,6 +59,8 @@ def num_workers(e: Evidence) -> Recommendation | None:
     loader = _main_loader(e)
     if loader is None or loader.in_memory or e.fractions.data_wait <= DATA_WAIT_BOUND:
         return None
+    if e.loader_headroom is not None and e.loader_headroom > REPLAY_POSSIBLE:
+        return None  # the loader alone is far faster than training: its wait is jitter, not throughput
     wait, compute = e.fractions.data_wait * e.step_s, (1 - e.fractions.data_wait) * e.step_s
     k0 = loader.num_workers
     # Time one worker needs per batch: with k0 workers the loader delivers a batch every wait+compute.

@@ -129,7 +129,7 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
         conv_weights_channels_last=observed.conv_weights_channels_last,
         cudnn_benchmark=benchmark, gpu_memory_fraction=_gpu_memory_fraction(device), jpeg_decoded_pixels=decoded,
         wait_spike_ratio=_percentile(waits, 0.95) / mean_wait if mean_wait > 0 else None,
-        worker_rss_growth_per_min=_worker_rss_growth(monitor))
+        worker_rss_growth_per_min=_worker_rss_growth(monitor), loader_headroom=loader_headroom)
     return Report(
         verdict=verdict, fractions=fractions, steps=records, warmup_steps=timeline.warmup_steps,
         samples_per_s=evidence.samples_per_s, step_s=evidence.step_s if records else None,

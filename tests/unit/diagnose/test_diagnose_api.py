@@ -46,7 +46,7 @@ def test_diagnose_a_compute_bound_step_on_in_memory_data() -> None:
         optimizer.zero_grad()
 
     from trainfast import make_loader
-    report = diagnose(make_loader((x, y), 16), step, steps=6, warmup=1)
+    report = diagnose(make_loader((x, y), 16), step, steps=10, warmup=2)
     assert report.verdict is not None and report.verdict.name == "compute-bound"
     assert report.loaders[0].kind == "trainfast TensorLoader"
 

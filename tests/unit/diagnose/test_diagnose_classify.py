@@ -33,6 +33,8 @@ def f(wait: float = 0.0, transfer: float = 0.0, host: float = 0.0) -> Fractions:
     (f(host=0.12, wait=0.04), "cpu", None, None, "balanced"),
     (f(wait=0.01), "cpu", None, 1.05, "input-bound"),                       # DALI: headroom <= 1.1 is certain
     (f(wait=0.01), "cpu", None, 1.3, "compute-bound"),
+    (f(wait=0.07), "cpu", None, 200.0, "compute-bound"),                    # a 200x faster loader: wait is jitter
+    (f(wait=0.07), "cpu", None, 1.2, "input-bound"),
 ])
 def test_verdicts(fractions: Fractions, device: str, gpu_util: float | None, headroom: float | None,
                   verdict: str) -> None:

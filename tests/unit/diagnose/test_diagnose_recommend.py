@@ -59,6 +59,8 @@ def test_more_workers_when_existing_ones_cannot_keep_up() -> None:
 
 def test_no_worker_advice_when_not_input_bound_or_cores_are_used_up() -> None:
     assert "num_workers" not in ids(evidence(loaders=(loader(),)))
+    fast_loader = evidence(fractions=INPUT_BOUND, loaders=(loader(),), device="cuda", loader_headroom=3.0)
+    assert "num_workers" not in ids(fast_loader)
     full = evidence(fractions=INPUT_BOUND, loaders=(loader(num_workers=7),), device="cuda", cpus=8)
     assert "num_workers" not in ids(full)
 
