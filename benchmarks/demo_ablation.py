@@ -15,10 +15,10 @@ import argparse
 import logging
 from collections.abc import Callable
 
+from trainfast.atomic import write_json
 from trainfast.bench.demo import QUICK, run_naive, run_trainfast
 from trainfast.bench.hardware import describe, hardware
 from trainfast.bench.timing import Spread, interleave, ratios
-from trainfast.cli.output import write_json
 from trainfast.data.images import ImageFolder
 from trainfast.data.synthetic import ensure_demo_dataset
 

@@ -15,9 +15,9 @@ import re
 import statistics
 from pathlib import Path
 
+from trainfast.atomic import write_json
 from trainfast.bench.hardware import describe, hardware
 from trainfast.bench.timing import Spread, ratios
-from trainfast.cli.output import write_json
 from trainfast.data.synthetic import ensure_demo_dataset
 from trainfast.diagnose import run_doctor
 

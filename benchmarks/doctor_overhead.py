@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from trainfast.atomic import write_json
 from trainfast.bench.hardware import describe, hardware
 from trainfast.bench.timing import Spread, interleave, ratios
-from trainfast.cli.output import write_json
 from trainfast.diagnose.instrument import Instrumentation
 from trainfast.diagnose.timeline import Timeline
 

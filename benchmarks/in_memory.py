@@ -17,9 +17,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainfast import make_loader
+from trainfast.atomic import write_json
 from trainfast.bench.hardware import describe, hardware
 from trainfast.bench.timing import Spread, interleave, ratios
-from trainfast.cli.output import write_json
 
 
 def epoch_time(loader: Any) -> float:

@@ -21,9 +21,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainfast import TrainConfig, Trainer
+from trainfast.atomic import write_json
 from trainfast.bench.hardware import describe, hardware
 from trainfast.bench.timing import Spread, interleave, ratios
-from trainfast.cli.output import write_json
 from trainfast.trainer.optimizer import default_optimizer
 from trainfast.trainer.schedule import warmup_cosine
 

@@ -10,6 +10,7 @@ from trainfast.loader import DevicePrefetcher, make_loader
 from trainfast.monitor import Monitor
 from trainfast.precision import PrecisionPolicy, resolve_precision
 from trainfast.trainer import FitResult, TrainConfig, Trainer
+from trainfast.tune import TuneResult, find_batch_size, tune_loader
 
 # Like other training libraries: our INFO lines (what "auto" chose, progress) reach stderr unless the
 # application has configured logging itself.
@@ -22,5 +23,5 @@ if not _logging.getLogger().hasHandlers() and not _log.handlers:
     _log.propagate = False
 
 __all__ = ["DevicePrefetcher", "Doctor", "FitResult", "ImageFolder", "Monitor", "PrecisionPolicy", "Report",
-           "TrainConfig", "Trainer", "__version__", "build_model", "diagnose", "ensure_demo_dataset", "make_loader",
-           "resolve_precision"]
+           "TrainConfig", "Trainer", "TuneResult", "__version__", "build_model", "diagnose", "ensure_demo_dataset",
+           "find_batch_size", "make_loader", "resolve_precision", "tune_loader"]

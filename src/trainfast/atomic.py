@@ -6,12 +6,13 @@ and fsync it, `os.replace` it over the target, then fsync the folder so the rena
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 TEMP_PREFIX = ".trainfast-"
 
@@ -58,3 +59,12 @@ def atomic_copy(src: str | Path, dst: str | Path) -> Path:
         with open(src, "rb") as source:
             shutil.copyfileobj(source, f, length=1 << 20)
     return atomic_write(dst, copy)
+
+
+def write_json(path: str | Path, payload: dict[str, Any]) -> Path:
+    """`payload` as indented JSON, written atomically (a reader never sees half a file)."""
+    data = (json.dumps(payload, indent=2, default=str) + "\n").encode()
+
+    def write(f: BinaryIO) -> None:
+        f.write(data)
+    return atomic_write(path, write)

@@ -43,7 +43,7 @@ def test_train_writes_the_json_contract_and_loadable_checkpoints(tiny_images: Pa
 @pytest.mark.parametrize(("argv", "message"), [
     (["--batch-size", "0"], "argument --batch-size: 0 is not valid; use a positive integer"),
     (["--precision", "fp8"], "invalid choice: 'fp8' (choose from 'auto', 'bf16-mixed', '16-mixed', '32-true')"),
-    (["--workers", "-1"], "'-1' is not valid; use 'auto' or an integer >= 0"),
+    (["--workers", "-1"], "'-1' is not valid; use 'auto', 'tuned' or an integer >= 0"),
     (["--model", "resnet"], "invalid choice: 'resnet' (choose from 'convnet', 'mlp')"),
     (["--lr", "0"], "lr=0.0 is not valid; use a positive learning rate"),
     (["--device", "tpu"], "device='tpu' is not valid; use 'auto', 'cpu', 'cuda' or 'cuda:N'"),

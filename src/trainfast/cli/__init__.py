@@ -8,9 +8,9 @@ import sys
 from collections.abc import Sequence
 
 from trainfast import __version__
-from trainfast.cli import demo, doctor, env, train
+from trainfast.cli import demo, doctor, env, train, tune
 
-COMMANDS = (train, demo, doctor, env)
+COMMANDS = (train, demo, doctor, tune, env)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from trainfast.atomic import write_json
 from trainfast.bench.demo import FULL, QUICK, run_demo
 from trainfast.cli.flags import positive_int
-from trainfast.cli.output import write_json
 
 EXAMPLES = """examples:
   trainfast demo --quick                      # about a minute on 2 CPU cores

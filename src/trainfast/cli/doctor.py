@@ -8,8 +8,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from trainfast.atomic import write_json
 from trainfast.cli.flags import positive_int
-from trainfast.cli.output import write_json
 
 EXAMPLES = """examples:
   trainfast doctor train.py                          # measure 30 steps after 5 warm-up steps, then stop it

@@ -20,7 +20,7 @@ def positive_int(text: str) -> int:
 
 
 def workers_arg(text: str) -> int | str:
-    if text == "auto":
+    if text in ("auto", "tuned"):
         return text
     try:
         value = int(text)
@@ -28,7 +28,7 @@ def workers_arg(text: str) -> int | str:
         value = -1
     if value < 0:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not valid; use 'auto' or an integer >= 0 (0 loads in the main process)")
+            f"{text!r} is not valid; use 'auto', 'tuned' or an integer >= 0 (0 loads in the main process)")
     return value
 
 

@@ -6,8 +6,8 @@ import argparse
 import logging
 from pathlib import Path
 
+from trainfast.atomic import write_json
 from trainfast.cli.flags import add_config_flags, config_values, positive_int, workers_arg
-from trainfast.cli.output import write_json
 from trainfast.data.images import ImageFolder
 from trainfast.data.models import MODELS, build_model
 from trainfast.data.synthetic import SIZES, ensure_demo_dataset

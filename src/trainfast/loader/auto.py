@@ -29,6 +29,7 @@ class LoaderPlan:
     drop_last: bool
     in_memory: bool
     reasons: tuple[str, ...]
+    cpu_threads: int | None = None  # intra-op threads a tuning measured best beside these workers (CPU training)
 
     def describe(self) -> str:
         return "; ".join(self.reasons)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast
+from dataclasses import replace
+from typing import Any, Literal, cast
 
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
@@ -19,6 +20,7 @@ from trainfast.loader.memory import TensorLoader
 from trainfast.loader.seeding import seed_all, seeded
 
 log = logging.getLogger("trainfast")
+Tuned = Literal["tuned"]
 
 
 class _SeededBatches(Dataset[Any]):
@@ -88,7 +90,7 @@ def _is_int(value: Any, minimum: int) -> bool:
 
 
 def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int, *, shuffle: bool = True,
-                workers: int | Auto = "auto", pin_memory: bool | Auto = "auto",
+                workers: int | Auto | Tuned = "auto", pin_memory: bool | Auto = "auto",
                 prefetch_factor: int | Auto = "auto", persistent_workers: bool | Auto = "auto",
                 drop_last: bool | Auto = "auto", device: str | torch.device = "auto", seed: int = 0,
                 collate_fn: Callable[[list[Any]], Any] | None = None, normalize: Normalize | None = None,
@@ -99,13 +101,16 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
     `dataset` may be any map-style Dataset, or tensors already in memory (a `TensorDataset` or a
     sequence of tensors), which take the in-memory path: batched indexing, no workers, no collate.
     Shuffle order and per-batch augmentation seeds depend only on (seed, epoch, batch), never on the
-    worker count. `rank`/`world_size` default to torchrun's `RANK`/`WORLD_SIZE`.
+    worker count. `rank`/`world_size` default to torchrun's `RANK`/`WORLD_SIZE`. `workers="tuned"` takes
+    workers, prefetch, pinning and (for CPU training) intra-op threads from `trainfast tune`'s result for
+    this dataset and batch size, falling back to "auto" when there is none.
 
     >>> loader = make_loader(dataset, 64)          # doctest: +SKIP
     >>> for inputs, targets in loader: ...          # doctest: +SKIP
     """
     _check_choice("batch_size", batch_size, _is_int(batch_size, 1), "a positive integer")
-    _check_choice("workers", workers, workers == "auto" or _is_int(workers, 0), "'auto' or an integer >= 0")
+    _check_choice("workers", workers, workers in ("auto", "tuned") or _is_int(workers, 0),
+                  "'auto', 'tuned' or an integer >= 0")
     _check_choice("prefetch_factor", prefetch_factor, prefetch_factor == "auto" or _is_int(prefetch_factor, 1),
                   "'auto' or an integer >= 1")
     target = _target_type(device)
@@ -120,9 +125,15 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
         raise TypeError(f"make_loader needs a map-style dataset (with __getitem__ and __len__) or tensors; "
                         f"got {type(dataset).__name__}")
     n = tensors[0].shape[0] if tensors is not None else len(dataset)  # type: ignore[arg-type]
-    plan = plan_loader(workers=workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
-                       persistent_workers=persistent_workers, drop_last=drop_last, shuffle=shuffle,
-                       dataset_len=n, in_memory=tensors is not None, target=target, cpus=cpus)
+    tuned = _tuned_settings(dataset, batch_size, target) if workers == "tuned" else None
+    if tuned is not None:
+        workers, prefetch_factor, pin_memory = tuned.num_workers, tuned.prefetch_factor or "auto", tuned.pin_memory
+    plan = plan_loader(workers="auto" if workers == "tuned" else workers, pin_memory=pin_memory,
+                       prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, drop_last=drop_last,
+                       shuffle=shuffle, dataset_len=n, in_memory=tensors is not None, target=target, cpus=cpus)
+    if tuned is not None:
+        plan = replace(plan, cpu_threads=tuned.cpu_threads,
+                       reasons=(f"tuned by measurement ({tuned.label()})", *plan.reasons))
     norm = normalize if normalize is not None else getattr(dataset, "normalize", None)
     if tensors is not None and plan.num_workers == 0:
         log.info("make_loader: in-memory path; %s", plan.describe())
@@ -147,6 +158,18 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
         generator=torch.Generator().manual_seed(seed), **extra)
     log.info("make_loader: %s", plan.describe())
     return Loader(dataloader, batches, plan, samples, norm)
+
+
+def _tuned_settings(dataset: Any, batch_size: int, target: str) -> Any:
+    """The tuner's chosen configuration for this dataset and batch size on this machine, if any."""
+    from trainfast.tune.result import load  # imported here: the tuner itself builds loaders with make_loader
+
+    result = load(dataset, batch_size, device=target)
+    if result is None:
+        log.info("make_loader: workers='tuned' but no tuning result for this dataset and batch size on this "
+                 "machine (run `trainfast tune`); using 'auto'")
+        return None
+    return result.chosen
 
 
 def _identity(batch: Any) -> Any:

@@ -404,6 +404,10 @@ class Trainer:
         if self.device.type != "cpu":
             return None
         plan = getattr(loader, "plan", None)
+        if plan is not None and plan.cpu_threads is not None:
+            log.info("cpu_threads=%d: measured best beside %d worker(s) by trainfast tune", plan.cpu_threads,
+                     plan.num_workers)
+            return int(plan.cpu_threads)
         workers = plan.num_workers if plan is not None else getattr(loader, "num_workers", 0)
         chosen = threads_beside_workers(available_cpus(), workers)
         log.info("cpu_threads=%d: %d usable CPUs shared with %d loader worker(s)", chosen, available_cpus(), workers)

@@ -180,7 +180,7 @@ def test_workers_arg_accepts(text: str, value: int | str) -> None:
 
 @pytest.mark.parametrize("text", ["-1", "many", "Auto", "", "2.5"])
 def test_workers_arg_errors(text: str) -> None:
-    expected = f"{text!r} is not valid; use 'auto' or an integer >= 0 (0 loads in the main process)"
+    expected = f"{text!r} is not valid; use 'auto', 'tuned' or an integer >= 0 (0 loads in the main process)"
     with pytest.raises(argparse.ArgumentTypeError, match=f"^{re.escape(expected)}$"):
         workers_arg(text)
 
@@ -188,7 +188,7 @@ def test_workers_arg_errors(text: str) -> None:
 @pytest.mark.parametrize(("flag", "arg_type", "text", "shown"), [
     ("--batch-size", positive_int, "0", "argument --batch-size: 0 is not valid; use a positive integer"),
     ("--batch-size", positive_int, "big", "argument --batch-size: 'big' is not an integer"),
-    ("--workers", workers_arg, "-2", "argument --workers: '-2' is not valid; use 'auto' or an integer >= 0"),
+    ("--workers", workers_arg, "-2", "argument --workers: '-2' is not valid; use 'auto', 'tuned' or an integer >= 0"),
 ])
 def test_type_helpers_exit_2_through_argparse(capsys: pytest.CaptureFixture[str], flag: str, arg_type: Any,
                                                text: str, shown: str) -> None:

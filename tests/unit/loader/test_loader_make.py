@@ -232,10 +232,10 @@ def test_in_memory_path_logs_its_plan(trainfast_log: pytest.LogCaptureFixture) -
     ({"batch_size": -4}, "batch_size=-4 is not valid; use a positive integer"),
     ({"batch_size": 2.5}, "batch_size=2.5 is not valid; use a positive integer"),
     ({"batch_size": "64"}, "batch_size='64' is not valid; use a positive integer"),
-    ({"workers": -1}, "workers=-1 is not valid; use 'auto' or an integer >= 0"),
-    ({"workers": "many"}, "workers='many' is not valid; use 'auto' or an integer >= 0"),
-    ({"workers": 1.5}, "workers=1.5 is not valid; use 'auto' or an integer >= 0"),
-    ({"workers": None}, "workers=None is not valid; use 'auto' or an integer >= 0"),
+    ({"workers": -1}, "workers=-1 is not valid; use 'auto', 'tuned' or an integer >= 0"),
+    ({"workers": "many"}, "workers='many' is not valid; use 'auto', 'tuned' or an integer >= 0"),
+    ({"workers": 1.5}, "workers=1.5 is not valid; use 'auto', 'tuned' or an integer >= 0"),
+    ({"workers": None}, "workers=None is not valid; use 'auto', 'tuned' or an integer >= 0"),
     ({"prefetch_factor": 0}, "prefetch_factor=0 is not valid; use 'auto' or an integer >= 1"),
     ({"prefetch_factor": "lots"}, "prefetch_factor='lots' is not valid; use 'auto' or an integer >= 1"),
     ({"device": "tpu"}, "device='tpu' is not valid; use 'auto', 'cpu', 'cuda' or 'cuda:N'"),
@@ -262,8 +262,8 @@ def test_invalid_rank_names_it() -> None:
     ({"device": "cpu:0"}, "device='cpu:0' is not valid; use 'auto', 'cpu', 'cuda' or 'cuda:N'"),
     # a bool is an int to isinstance, but workers=True is a mistake, not 1 worker (as TrainConfig.cpu_threads)
     ({"batch_size": True}, "batch_size=True is not valid; use a positive integer"),
-    ({"workers": True}, "workers=True is not valid; use 'auto' or an integer >= 0"),
-    ({"workers": False}, "workers=False is not valid; use 'auto' or an integer >= 0"),
+    ({"workers": True}, "workers=True is not valid; use 'auto', 'tuned' or an integer >= 0"),
+    ({"workers": False}, "workers=False is not valid; use 'auto', 'tuned' or an integer >= 0"),
     ({"prefetch_factor": True}, "prefetch_factor=True is not valid; use 'auto' or an integer >= 1"),
 ], ids=lambda v: ",".join(f"{k}={x!r}" for k, x in v.items()) if isinstance(v, dict) else "")
 def test_invalid_arguments_consistent_with_train_config(kwargs: dict[str, Any], message: str) -> None:

@@ -358,3 +358,12 @@ def test_preflight_warnings_are_logged_before_the_first_batch(monkeypatch: pytes
     finally:
         logger.removeHandler(caplog.handler)
     assert "pre-flight shm: 64 MiB free (fix: --shm-size=8g)" in caplog.text
+
+
+def test_cpu_threads_auto_follows_a_tuned_plan() -> None:
+    from dataclasses import replace
+
+    x, y = blobs(n=64)
+    loader = make_loader((x, y), 16)
+    loader.plan = replace(loader.plan, cpu_threads=1)  # as make_loader(workers="tuned") sets it
+    assert Trainer(nn.Linear(8, 4), config=config(cpu_threads="auto"))._cpu_threads(loader) == 1

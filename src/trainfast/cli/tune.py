@@ -1,0 +1,80 @@
+"""`trainfast tune`: measure loader/thread configurations on this machine and remember the best cheap one."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from trainfast.atomic import write_json
+from trainfast.cli.flags import positive_int
+from trainfast.data.images import ImageFolder
+from trainfast.data.models import MODELS, build_model
+from trainfast.data.synthetic import SIZES, ensure_demo_dataset
+from trainfast.device import resolve_device
+from trainfast.tune.step import training_step
+from trainfast.tune.tuner import tune_loader
+
+EXAMPLES = """examples:
+  trainfast tune                                   # the demo dataset, batch 64, co-running the ConvNet's step
+  trainfast tune --data ~/data/pets --batch-size 128 --budget-s 120 --json tune.json
+  trainfast train --data ~/data/pets --batch-size 128 --workers tuned   # then use what it found
+
+The result is cached per (dataset, batch size, machine) under $TRAINFAST_CACHE/tune and read by
+make_loader(..., workers="tuned") and `trainfast train --workers tuned`.
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("tune", help="find the fastest cheap loader configuration by measurement", epilog=EXAMPLES,
+                       description="Measure loader workers, prefetch, pinning and (on the CPU) intra-op threads "
+                                   "while the real training step runs; keep the cheapest within 3% of the best.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, default=None, help="image folder with train/; default: the demo dataset")
+    p.add_argument("--demo-size", choices=tuple(SIZES), default="quick", help="demo dataset size without --data")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="samples per batch (default: 64)")
+    p.add_argument("--image-size", type=positive_int, default=64, help="training resolution (default: 64)")
+    p.add_argument("--model", choices=tuple(MODELS), default="convnet", help="model whose step co-runs")
+    p.add_argument("--no-step", action="store_true", help="measure the loader alone (no training step)")
+    p.add_argument("--budget-s", type=float, default=60.0, help="seconds the search may take (default: 60)")
+    p.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda' or 'cuda:N' (default: auto)")
+    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the result as JSON")
+    p.set_defaults(run=run, command_parser=p)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.budget_s <= 0:
+        parser.error(f"--budget-s {args.budget_s} is not valid; give a positive number of seconds")
+    root = args.data.expanduser() if args.data else ensure_demo_dataset(args.demo_size)
+    if not (root / "train").is_dir():
+        parser.error(f"--data {str(root)!r} has no 'train' folder; expected {root}/train/<class>/<image>")
+    try:
+        device = resolve_device(args.device)
+        dataset = ImageFolder(root / "train", image_size=args.image_size)
+    except (ValueError, FileNotFoundError) as e:
+        parser.error(str(e))
+    step = None
+    if not args.no_step:
+        torch.manual_seed(0)
+        model = build_model(args.model, num_classes=len(dataset.classes), image_size=args.image_size)
+        step = training_step(model, normalize=dataset.normalize, device=device)
+    result = tune_loader(dataset, args.batch_size, step, budget_s=args.budget_s, device=str(device))
+    table = Table(title=f"trials ({'co-running the training step' if step else 'loader alone'})",
+                  title_justify="left")
+    for column in ("configuration", "samples/s", "vs baseline", "seconds"):
+        table.add_column(column, justify="left" if column == "configuration" else "right")
+    for trial in result.trials:
+        mark = " ◀ chosen" if trial.config == result.chosen else ""
+        table.add_row(trial.config.label() + mark, f"{trial.samples_per_s:,.0f}",
+                      f"{trial.samples_per_s / result.baseline_samples_per_s:.2f}x", f"{trial.seconds:.1f}")
+    console = Console()
+    console.print(table)
+    console.print(f"chosen: {result.chosen.label()} — {result.chosen_samples_per_s:,.0f} samples/s, "
+                  f"{result.speedup:.2f}x the baseline (workers=0, default threads); search took "
+                  f"{result.sweep_seconds:.0f} s. Use it with --workers tuned / make_loader(..., workers='tuned').")
+    if args.json:
+        write_json(args.json, result.to_json())
+    return 0

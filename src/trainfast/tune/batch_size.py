@@ -1,0 +1,314 @@
+"""`find_batch_size`: the largest batch whose training step (forward + backward) fits in device memory.
+
+Search: double from `start` until the first out-of-memory error (or `max_batch`), then bisect between the
+last batch that fit and the first that did not, until the gap is at most `RESOLUTION` (5 %) of the batch
+that fit (at least 1). The answer is therefore a batch that fitted, within 5 % of the largest that would.
+
+Only out-of-memory errors end a try; anything else propagates unchanged. Between tries the gradients are
+freed, garbage collected and, on CUDA, the allocator's cache emptied, so one try's leftovers do not make
+the next one fail. The model keeps its train/eval modes, buffers (BatchNorm statistics) and device, and
+ends with no gradients.
+
+Not measured: optimizer state (AdamW keeps two tensors per parameter) unless it already exists on the
+device, and memory other processes take later. The result's `advice` says how much headroom to leave.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainfast.device import resolve_device
+from trainfast.precision.policy import PrecisionPolicy, device_caps, resolve_precision
+
+log = logging.getLogger("trainfast")
+StepFn = Callable[[nn.Module, Any], torch.Tensor]
+Sample = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+# Bisection stops when the gap between the largest fit and the smallest failure is at most this share of
+# the fit (and at least 1): each halving costs a full training step at a large batch, and the last 5 %
+# is within what other processes and the optimizer's state move anyway.
+RESOLUTION = 0.05
+# Cached-but-unallocated memory at an OOM above this share of the reserved memory means the allocator
+# held free blocks it could not use for the request: fragmentation (the same hint torch's OOM text gives).
+FRAGMENTATION_SHARE = 0.25
+EXPANDABLE = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+# Messages of allocation failures that torch does not raise as OutOfMemoryError: the CPU allocator,
+# older CUDA paths and cuBLAS failing to allocate its workspace.
+_OOM_MARKERS = ("out of memory", "can't allocate memory", "CUBLAS_STATUS_ALLOC_FAILED")
+_UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_REQUEST = re.compile(r"[Tt]ried to allocate (\d+(?:\.\d+)?) ?(bytes|KiB|MiB|GiB|TiB)")
+
+
+class BatchSizeError(RuntimeError):
+    """Even a batch of one sample does not fit in memory."""
+
+
+@dataclass(frozen=True)
+class MemorySnapshot:
+    """Device memory at an out-of-memory error, in bytes."""
+
+    allocated: int  # held by live tensors
+    reserved: int  # held by torch's caching allocator (allocated + cached free blocks)
+    total: int  # the device's capacity
+
+
+@dataclass(frozen=True)
+class BatchSizeResult:
+    batch_size: int  # the largest batch that fit
+    tried: tuple[tuple[int, bool, float], ...]  # (batch size, fitted, seconds), in the order tried
+    first_oom: int | None  # the first batch that ran out of memory; None if max_batch fit
+    fragmentation_suspected: bool
+    advice: str  # what to do next, one point per line
+    device: str
+    precision: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"batch_size": self.batch_size,
+                "tried": [{"batch_size": b, "fitted": ok, "seconds": s} for b, ok, s in self.tried],
+                "first_oom": self.first_oom, "fragmentation_suspected": self.fragmentation_suspected,
+                "advice": self.advice, "device": self.device, "precision": self.precision}
+
+
+def find_batch_size(model: nn.Module, sample: Sample, *, precision: str = "auto", device: str = "auto",
+                    start: int = 8, max_batch: int = 4096, step_fn: StepFn | None = None) -> BatchSizeResult:
+    """The largest batch size (within `RESOLUTION`) for which a training step of `model` fits in memory.
+
+    `sample` is one input without the batch dimension, or `(input, target)`; batches repeat it (as the
+    model would receive it: float and normalised). Without a target the loss is cross-entropy against
+    class 0 for a 2-D output, else the output's mean. `step_fn(model, batch) -> loss` replaces that: its
+    batch is `(inputs, targets)` for a pair, else the inputs tensor; the backward pass is done here.
+    Forward and loss run under the resolved precision's autocast (no loss scaling: it does not change
+    memory). The model is moved to `device` for the search and back afterwards; existing gradients are
+    cleared. Optimizer state counts only if it already exists on the device (create it with one step
+    first to include it). On the CPU the kernel may kill the process instead of failing an allocation,
+    so keep `max_batch` modest there.
+    """
+    _check_arguments(model, sample, start, max_batch, step_fn)
+    dev = resolve_device(device)
+    policy = resolve_precision(precision, device_caps(dev))
+    inputs, targets = sample if isinstance(sample, tuple) else (sample, None)
+    x, y = inputs.to(dev), None if targets is None else targets.to(dev)  # one sample: small
+    shape = _describe(sample)
+    tried: list[tuple[int, bool, float]] = []
+    suspect: tuple[int, MemorySnapshot] | None = None
+    last_oom = ""
+
+    def fits(batch: int) -> bool:
+        nonlocal suspect, last_oom
+        started = time.perf_counter()
+        try:
+            _train_step(model, x, y, batch, policy, step_fn)
+            ok = True
+        except Exception as e:
+            if not is_oom(e):
+                raise
+            ok = False
+            last_oom = (str(e).strip().splitlines() or [type(e).__name__])[0]  # torch appends pages of hints
+            # Read while the failed step's tensors are still referenced: the state the allocator failed in.
+            memory = _memory_at_oom(dev)
+            if suspect is None and memory is not None and fragmented(memory, _requested_bytes(str(e))):
+                suspect = (batch, memory)
+        finally:
+            seconds = time.perf_counter() - started  # the step alone, not the clean-up below
+            model.zero_grad(set_to_none=True)
+            _release(dev)
+        tried.append((batch, ok, seconds))
+        log.info("batch size search: %d %s (%.2f s)", batch, "fits" if ok else "out of memory", seconds)
+        return ok
+
+    with _model_prepared(model, dev):
+        best, first_oom = search(fits, start, max_batch)
+    if best == 0:
+        raise BatchSizeError(f"even a batch of 1 does not fit in memory on {dev} for a training step of "
+                             f"{type(model).__name__} on a sample of shape {shape} (precision {policy.name}): "
+                             f"{last_oom}. Free memory other processes hold, train in lower precision "
+                             "('bf16-mixed' on recent GPUs), use activation checkpointing or a smaller model")
+    advice = _advice(model, max_batch, first_oom, suspect)
+    log.info("batch size search: %d is the largest that fits on %s (%s; first OOM at %s; %d tries)", best, dev,
+             policy.name, first_oom, len(tried))
+    for line in advice.splitlines():
+        log.info("batch size search: %s", line)
+    return BatchSizeResult(batch_size=best, tried=tuple(tried), first_oom=first_oom,
+                           fragmentation_suspected=suspect is not None, advice=advice, device=str(dev),
+                           precision=policy.name)
+
+
+def search(fits: Callable[[int], bool], start: int, max_batch: int) -> tuple[int, int | None]:
+    """(largest batch that fit or 0, first batch that failed or None): doubling, then bisection.
+
+    Assumes memory grows with the batch (a batch above one that failed fails too).
+    """
+    good, bad, batch = 0, None, start
+    while True:
+        if not fits(batch):
+            bad = batch
+            break
+        good = batch
+        if batch >= max_batch:
+            return good, None
+        batch = min(2 * batch, max_batch)
+    first_oom = bad
+    while bad - good > max(1, int(good * RESOLUTION)):
+        middle = (good + bad) // 2
+        if fits(middle):
+            good = middle
+        else:
+            bad = middle
+    return good, first_oom
+
+
+def is_oom(error: BaseException) -> bool:
+    """An allocation failure (a try to shrink), as opposed to a bug (to propagate)."""
+    if isinstance(error, torch.OutOfMemoryError):  # torch.cuda.OutOfMemoryError is this class
+        return True
+    return isinstance(error, RuntimeError) and any(m in str(error) for m in _OOM_MARKERS)
+
+
+def fragmented(memory: MemorySnapshot, requested: int | None) -> bool:
+    """Was the OOM caused by cached blocks too fragmented to serve the request, not by a lack of memory?"""
+    cached = memory.reserved - memory.allocated
+    if memory.reserved <= 0 or cached <= FRAGMENTATION_SHARE * memory.reserved:
+        return False
+    # A request larger than everything live tensors leave free fails however the memory is laid out.
+    return requested is None or requested <= memory.total - memory.allocated
+
+
+def _memory_at_oom(device: torch.device) -> MemorySnapshot | None:
+    """The CUDA allocator's numbers (None elsewhere): the one place that reads them, faked in tests."""
+    if device.type != "cuda":
+        return None
+    return MemorySnapshot(allocated=torch.cuda.memory_allocated(device), reserved=torch.cuda.memory_reserved(device),
+                          total=torch.cuda.get_device_properties(device).total_memory)
+
+
+def _release(device: torch.device) -> None:
+    gc.collect()  # reference cycles (e.g. through a traceback) may still hold the try's tensors
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # give cached blocks back so the next try starts unfragmented
+
+
+def _requested_bytes(message: str) -> int | None:
+    """The failed allocation's size, from torch's CUDA or CPU OOM message."""
+    if match := _REQUEST.search(message):
+        return int(float(match.group(1)) * _UNITS[match.group(2)])
+    return None
+
+
+def _train_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | None, batch: int,
+                policy: PrecisionPolicy, step_fn: StepFn | None) -> None:
+    """One forward + backward on `batch` copies of the sample; its tensors die when it returns or raises."""
+    x = _repeat(inputs, batch)
+    y = None if targets is None else _repeat(targets, batch)
+    with torch.enable_grad():
+        with policy.autocast():
+            loss = step_fn(model, x if y is None else (x, y)) if step_fn is not None else default_loss(model, x, y)
+        loss.backward()  # outside autocast, as in training
+    if x.device.type == "cuda":
+        torch.cuda.synchronize(x.device)  # an asynchronous failure belongs to this try, and so does its time
+
+
+def default_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
+    out: torch.Tensor = model(inputs)
+    if targets is None:
+        if out.dim() == 2:  # classification logits: class 0 stands in for the labels
+            return F.cross_entropy(out.float(), torch.zeros(out.shape[0], dtype=torch.long, device=out.device))
+        return out.float().mean()
+    if targets.is_floating_point():
+        return F.mse_loss(out.float(), targets.float())
+    return F.cross_entropy(out.float(), targets.long())
+
+
+def _repeat(sample: torch.Tensor, batch: int) -> torch.Tensor:
+    # A real copy, not an expanded view: a loaded batch occupies batch × sample bytes.
+    return sample.detach().unsqueeze(0).expand(batch, *sample.shape).contiguous()
+
+
+@contextmanager
+def _model_prepared(model: nn.Module, device: torch.device) -> Iterator[None]:
+    """Train mode on `device` for the search; afterwards each module's mode, the buffers, the device and no grads."""
+    modes = [(m, m.training) for m in model.modules()]
+    devices = {t.device for t in (*model.parameters(), *model.buffers())}
+    # Mixed devices (model parallel) are the caller's layout: leave them as they are.
+    home = devices.pop() if len(devices) == 1 else None
+    move = home is not None and home != device
+    # A training forward updates BatchNorm statistics; copies of one sample would skew them. By name:
+    # `.to()` replaces buffer tensors.
+    buffers = [(name, b.detach().to("cpu", copy=True)) for name, b in model.named_buffers()]
+    model.zero_grad(set_to_none=True)  # stale gradients would count as this step's memory
+    try:
+        if move:
+            model.to(device)
+        model.train()
+        yield
+    finally:
+        model.zero_grad(set_to_none=True)
+        for module, training in modes:
+            module.train(training)
+        if move:
+            model.to(home)
+        with torch.no_grad():
+            for name, saved in buffers:
+                model.get_buffer(name).copy_(saved)
+        _release(device)
+
+
+def _advice(model: nn.Module, max_batch: int, first_oom: int | None,
+            suspect: tuple[int, MemorySnapshot] | None) -> str:
+    lines = []
+    if first_oom is None:
+        lines.append(f"no out-of-memory error up to max_batch={max_batch}: raise max_batch to search further")
+    if suspect is not None:
+        batch, m = suspect
+        gib = 2**30
+        lines.append(f"fragmentation suspected: at the OOM for batch {batch}, {(m.reserved - m.allocated) / gib:.2f} "
+                     f"GiB of the {m.reserved / gib:.2f} GiB torch reserved was cached but unallocated "
+                     f"(device total {m.total / gib:.2f} GiB)")
+        if "expandable_segments" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+            lines.append("PYTORCH_CUDA_ALLOC_CONF already sets expandable_segments; the cached blocks are pinned by "
+                         "live tensors: free long-lived tensors made during training or call torch.cuda.empty_cache()")
+        else:
+            lines.append(f"set {EXPANDABLE} in the environment before the process starts, then search again: "
+                         "the allocator then grows segments instead of splitting fixed ones")
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    lines.append(f"not counted unless already on the device: optimizer state (AdamW: 2 × {trainable / 2**20:.1f} "
+                 "MiB for this model); leave that headroom or take one optimizer step before searching")
+    return "\n".join(lines)
+
+
+def _describe(sample: Sample) -> str:
+    if isinstance(sample, tuple):
+        return f"{tuple(sample[0].shape)} with target {tuple(sample[1].shape)}"
+    return str(tuple(sample.shape))
+
+
+def _check_arguments(model: object, sample: object, start: object, max_batch: object, step_fn: object) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+    pair = isinstance(sample, tuple) and len(sample) == 2 and all(isinstance(t, torch.Tensor) for t in sample)
+    if not (isinstance(sample, torch.Tensor) or pair):
+        raise TypeError(f"sample must be one tensor without the batch dimension or a tuple (input, target) of "
+                        f"tensors; got {type(sample).__name__}. Pass e.g. dataset[0]")
+    for name, value in (("start", start), ("max_batch", max_batch)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name}={value!r} must be an int")
+    assert isinstance(start, int) and isinstance(max_batch, int)
+    if start < 1:
+        raise ValueError(f"start={start} is not valid: the search starts from a batch of at least 1; pass start=1 "
+                         "or more")
+    if max_batch < start:
+        raise ValueError(f"max_batch={max_batch} is smaller than start={start}; pass max_batch >= {start} or a "
+                         "smaller start")
+    if step_fn is not None and not callable(step_fn):
+        raise TypeError(f"step_fn must be callable as step_fn(model, batch) -> loss; got {type(step_fn).__name__}")

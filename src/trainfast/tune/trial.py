@@ -1,0 +1,93 @@
+"""One tuning trial: a loader configuration measured at steady state, co-running the training step if given."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from trainfast.loader.make import make_loader
+from trainfast.trainer.settings import torch_settings
+
+StepFn = Callable[[Any], Any]
+
+
+@dataclass(frozen=True, order=True)
+class LoaderConfig:
+    """What the tuner varies. Ordered cheapest first: fewer workers, fewer prefetched batches, no pinning."""
+
+    num_workers: int
+    prefetch_factor: int | None = None
+    pin_memory: bool = False
+    cpu_threads: int | None = None  # intra-op threads while training on the CPU; None leaves torch's setting
+
+    def label(self) -> str:
+        parts = [f"workers={self.num_workers}"]
+        if self.num_workers:
+            parts.append(f"prefetch={self.prefetch_factor}")
+        if self.pin_memory:
+            parts.append("pinned")
+        if self.cpu_threads is not None:
+            parts.append(f"threads={self.cpu_threads}")
+        return " ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LoaderConfig:
+        return cls(**{k: data[k] for k in ("num_workers", "prefetch_factor", "pin_memory", "cpu_threads")})
+
+
+@dataclass(frozen=True)
+class Trial:
+    config: LoaderConfig
+    samples_per_s: float
+    seconds: float  # wall time the trial took, start-up included
+
+    def to_json(self) -> dict[str, Any]:
+        return {"config": self.config.to_json(), "samples_per_s": self.samples_per_s, "seconds": self.seconds}
+
+
+def _samples(batch: Any) -> int:
+    first = batch[0] if isinstance(batch, (tuple, list)) else batch
+    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else 1
+
+
+def run_trial(dataset: Any, batch_size: int, config: LoaderConfig, *, step_fn: StepFn | None, batches: int,
+              warmup: int, device: str = "auto") -> Trial:
+    """Samples/s over `batches` batches after `warmup` (worker start-up, first-batch effects excluded)."""
+    started = time.perf_counter()
+    loader = make_loader(dataset, batch_size, shuffle=True, workers=config.num_workers,
+                         prefetch_factor=config.prefetch_factor or "auto", pin_memory=config.pin_memory,
+                         persistent_workers=True, device=device, seed=0)
+    samples, clock = 0, 0.0
+    try:
+        with torch_settings(cpu_threads=config.cpu_threads):
+            seen = 0
+            while seen < warmup + batches:
+                fetched = 0
+                for batch in loader:  # a short dataset is cycled: a measurement needs enough batches
+                    fetched += 1
+                    if step_fn is not None:
+                        step_fn(batch)
+                    seen += 1
+                    if seen == warmup:
+                        clock = time.perf_counter()
+                    elif seen > warmup:
+                        samples += _samples(batch)
+                    if seen >= warmup + batches:
+                        break
+                if fetched == 0:
+                    raise ValueError("the dataset yields no batch at this batch size; lower batch_size")
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            elapsed = time.perf_counter() - clock
+    finally:
+        close = getattr(loader, "close", None)
+        if close is not None:
+            close()
+    return Trial(config, samples / elapsed if elapsed > 0 else 0.0, time.perf_counter() - started)

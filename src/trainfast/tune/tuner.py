@@ -1,0 +1,94 @@
+"""`tune_loader`: measure loader configurations on this machine and remember the cheapest fast one."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from trainfast.loader.cpus import available_cpus
+from trainfast.loader.make import make_loader
+from trainfast.tune import result as cache
+from trainfast.tune.result import TuneResult
+from trainfast.tune.search import cheapest_within, search
+from trainfast.tune.trial import LoaderConfig, StepFn, Trial, run_trial
+
+log = logging.getLogger("trainfast")
+progress = logging.getLogger("trainfast.tune")  # stays audible while make_loader's explanations are muted
+TRIAL_SHARE = 1 / 8  # each trial gets about this share of the budget: the search runs 5-8 of them
+MIN_BATCHES, MAX_BATCHES = 8, 400
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """make_loader explains every plan at INFO; during a sweep that is dozens of lines. The tuner's own
+    lines go on at the level the application chose."""
+    level, own = log.getEffectiveLevel(), progress.level
+    log.setLevel(max(level, logging.WARNING))
+    progress.setLevel(level)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+        progress.setLevel(own)
+
+
+def _compute_rate(dataset: Any, batch_size: int, step_fn: StepFn, repeats: int = 10) -> float:
+    """Samples/s of the training step alone, replaying one cached batch: the most any loader could feed."""
+    batch = next(iter(make_loader(dataset, batch_size, workers=0, shuffle=False)))
+    step_fn(batch)  # warm-up
+    started = time.perf_counter()
+    for _ in range(repeats):
+        step_fn(batch)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    first = batch[0] if isinstance(batch, (tuple, list)) else batch
+    return repeats * int(first.shape[0]) / (time.perf_counter() - started)
+
+
+def tune_loader(dataset: Any, batch_size: int, step_fn: StepFn | None = None, *, budget_s: float = 60.0,
+                device: str = "auto", save: bool = True) -> TuneResult:
+    """Find the cheapest loader configuration within a few percent of the fastest, by measurement.
+
+    With `step_fn(batch)` (one training step), trials co-run it: a loader measured alone cannot see that
+    its workers take cores from the model. On the CPU the intra-op thread count is tuned with the workers.
+    The result is cached for `make_loader(dataset, batch_size, workers="tuned")` and the Trainer.
+    """
+    if budget_s <= 0:
+        raise ValueError(f"budget_s={budget_s} is not valid; give the search a positive number of seconds")
+    target = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device.split(":")[0]
+    cpus = available_cpus()
+    started = time.perf_counter()
+    with _quiet():
+        compute_rate = _compute_rate(dataset, batch_size, step_fn) if step_fn is not None else None
+        # Size every trial from the baseline's speed so the whole search fits the budget.
+        probe = run_trial(dataset, batch_size, LoaderConfig(0), step_fn=step_fn, batches=MIN_BATCHES, warmup=2,
+                          device=device)
+        per_batch_s = batch_size / probe.samples_per_s if probe.samples_per_s else 1.0
+        batches = int(min(MAX_BATCHES, max(MIN_BATCHES, budget_s * TRIAL_SHARE / per_batch_s)))
+
+        def measure(config: LoaderConfig) -> Trial:
+            warmup = 2 + config.num_workers * (config.prefetch_factor or 2)  # past the filled queues
+            trial = run_trial(dataset, batch_size, config, step_fn=step_fn, batches=batches, warmup=warmup,
+                              device=device)
+            progress.info("tune: %-40s %9.0f samples/s (%.1f s)", config.label(), trial.samples_per_s, trial.seconds)
+            return trial
+
+        remaining = budget_s - (time.perf_counter() - started)
+        trials = search(measure, cpus=cpus, cpu_training=step_fn is not None and target == "cpu",
+                        cuda=target == "cuda", budget_s=max(remaining, 0.0), compute_rate=compute_rate)
+    baseline = trials[0]
+    chosen = cheapest_within(trials)
+    key, describes = cache.cache_key(dataset, batch_size, with_step=step_fn is not None, device=target)
+    describes["compute_only_samples_per_s"] = compute_rate
+    result = TuneResult(chosen.config, chosen.samples_per_s, baseline.config, baseline.samples_per_s, trials,
+                        time.perf_counter() - started, key, describes)
+    if save:
+        path = cache.save(result)
+        log.info("tune: chose %s (%.0f samples/s, %.2fx the baseline); saved %s", chosen.config.label(),
+                 chosen.samples_per_s, result.speedup, path)
+    return result

@@ -1,0 +1,144 @@
+"""The tuner: its adaptive search on fake measurements, the cheapest-within-tolerance choice, the cache,
+make_loader(workers="tuned"), and a real tuning run on tiny data."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from trainfast import make_loader
+from trainfast.data.images import ImageFolder
+from trainfast.tune import result as cache
+from trainfast.tune.search import cheapest_within, search
+from trainfast.tune.trial import LoaderConfig, Trial
+from trainfast.tune.tuner import tune_loader
+
+
+def fake_measure(rates: dict[int, float], per_thread: dict[int, float] | None = None):  # type: ignore[no-untyped-def]
+    """Throughput by worker count (and an optional bonus by thread count); records what was measured."""
+    calls: list[LoaderConfig] = []
+
+    def measure(config: LoaderConfig) -> Trial:
+        calls.append(config)
+        rate = rates[min(config.num_workers, max(rates))] * (per_thread or {}).get(config.cpu_threads or 0, 1.0)
+        if config.prefetch_factor == 4:
+            rate *= 1.01  # within noise: not worth the memory
+        return Trial(config, rate, 0.1)
+    return measure, calls
+
+
+@pytest.mark.parametrize(("rates", "cpus", "workers"), [
+    ({0: 100, 1: 180, 2: 250, 3: 255, 4: 256}, 8, 2),   # a third worker adds 2 %: stop, keep 2
+    ({0: 100, 1: 101}, 8, 0),                             # workers do not help: keep none
+    ({0: 100, 1: 200, 2: 300, 3: 400, 4: 500}, 4, 3),     # capped at cpus - 1 for a GPU
+])
+def test_grows_workers_while_they_pay(rates: dict[int, float], cpus: int, workers: int) -> None:
+    measure, calls = fake_measure(rates)
+    trials = search(measure, cpus=cpus, cpu_training=False, cuda=True, budget_s=60)
+    chosen = cheapest_within(trials)
+    assert chosen.config.num_workers == workers
+    assert len(calls) <= cpus + 3  # never the full grid
+    assert calls[0] == LoaderConfig(0)  # the baseline comes first
+
+
+def test_stops_when_the_loader_meets_the_compute_rate() -> None:
+    measure, calls = fake_measure({0: 100, 1: 295, 2: 300, 3: 300})
+    search(measure, cpus=8, cpu_training=False, cuda=False, budget_s=60, compute_rate=300)
+    assert max(c.num_workers for c in calls) == 1
+
+
+def test_cpu_training_pairs_workers_with_threads_and_tries_the_other_split() -> None:
+    measure, calls = fake_measure({0: 100, 1: 200, 2: 230}, per_thread={1: 1.0, 2: 1.2})
+    trials = search(measure, cpus=2, cpu_training=True, cuda=False, budget_s=60)
+    # each worker count comes with the threads left beside it (2 CPUs: 1 thread), then the best gets one more
+    assert LoaderConfig(1, 2, False, 1) in calls and LoaderConfig(2, 2, False, 1) in calls
+    assert LoaderConfig(2, 2, False, 2) in calls
+    assert cheapest_within(trials).config == LoaderConfig(2, 2, False, 2)  # 276 beats 230 and 200
+
+
+def test_pinned_memory_only_tried_for_cuda() -> None:
+    measure, calls = fake_measure({0: 100, 1: 200, 2: 205})
+    search(measure, cpus=4, cpu_training=False, cuda=False, budget_s=60)
+    assert not any(c.pin_memory for c in calls)
+    measure, calls = fake_measure({0: 100, 1: 200, 2: 205})
+    search(measure, cpus=4, cpu_training=False, cuda=True, budget_s=60)
+    assert any(c.pin_memory for c in calls)
+
+
+def test_budget_stops_the_search() -> None:
+    measure, calls = fake_measure({0: 100, 1: 200, 2: 300, 3: 400})
+    search(measure, cpus=16, cpu_training=False, cuda=True, budget_s=0.0)
+    assert calls == [LoaderConfig(0)]  # only the baseline, which always runs
+
+
+def test_cheapest_within_tolerance() -> None:
+    trials = [Trial(LoaderConfig(0), 100, 1), Trial(LoaderConfig(2, 2), 200, 1), Trial(LoaderConfig(4, 2), 205, 1),
+              Trial(LoaderConfig(2, 4), 199, 1)]
+    assert cheapest_within(trials).config == LoaderConfig(2, 2)  # 200 is within 3 % of 205 and cheaper
+    assert cheapest_within(trials, tolerance=0.0).config == LoaderConfig(4, 2)
+    with pytest.raises(ValueError, match="no trial"):
+        cheapest_within([])
+
+
+def test_tune_on_tiny_images_caches_the_result_for_make_loader(tiny_images: Path, cache_dir: Path) -> None:
+    dataset = ImageFolder(tiny_images / "train", image_size=16)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+        inputs, targets = batch
+        nn.functional.cross_entropy(model(inputs.float() / 255), targets).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    result = tune_loader(dataset, 8, step, budget_s=20)
+    data = result.to_json()
+    assert {"chosen", "chosen_samples_per_s", "baseline_samples_per_s", "trials", "sweep_seconds"} <= set(data)
+    assert data["trials"][0]["config"]["num_workers"] == 0 and len(data["trials"]) >= 2
+    assert result.chosen_samples_per_s >= (1 - 0.03) * max(t.samples_per_s for t in result.trials)
+    assert result.chosen_samples_per_s >= result.baseline_samples_per_s or result.chosen.num_workers == 0
+    saved = json.loads(cache.cache_path(result.key).read_text())
+    assert saved["chosen"] == data["chosen"]
+    loader = make_loader(dataset, 8, workers="tuned")
+    assert loader.plan is not None and loader.plan.num_workers == result.chosen.num_workers
+    assert loader.plan.cpu_threads == result.chosen.cpu_threads
+    assert loader.plan.reasons[0].startswith("tuned by measurement")
+    getattr(loader, "close", lambda: None)()
+
+
+def test_tuned_without_a_result_falls_back_to_auto(tiny_images: Path, cache_dir: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    logger = logging.getLogger("trainfast")
+    logger.addHandler(caplog.handler)
+    try:
+        loader = make_loader(ImageFolder(tiny_images / "train", image_size=16), 8, workers="tuned")
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert "no tuning result" in caplog.text and loader.plan is not None
+    assert not loader.plan.reasons[0].startswith("tuned")
+
+
+def test_unreadable_cache_is_ignored(tiny_images: Path, cache_dir: Path) -> None:
+    dataset = ImageFolder(tiny_images / "train", image_size=16)
+    key, _ = cache.cache_key(dataset, 8, with_step=True, device="cpu")
+    path = cache.cache_path(key)
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    assert cache.load(dataset, 8, device="cpu") is None
+
+
+def test_fingerprints_tell_datasets_apart(tiny_images: Path) -> None:
+    a = cache.dataset_fingerprint(ImageFolder(tiny_images / "train", image_size=16))
+    b = cache.dataset_fingerprint(ImageFolder(tiny_images / "train", image_size=32))
+    c = cache.dataset_fingerprint((torch.zeros(4, 3), torch.zeros(4)))
+    assert len({a, b, c}) == 3
+
+
+def test_bad_budget() -> None:
+    with pytest.raises(ValueError, match="budget_s=0 is not valid"):
+        tune_loader((torch.zeros(8, 2), torch.zeros(8)), 4, budget_s=0)
