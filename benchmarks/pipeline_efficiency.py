@@ -1,0 +1,99 @@
+"""Pipeline efficiency: trained samples/s divided by the slower of its two halves measured alone.
+
+At the tuned configuration (`trainfast tune`'s choice, tuned here first if needed) on the quick demo
+workload (64 px JPEGs, batch 64, the reference ConvNet):
+  - compute-only: the training step replayed on one cached batch (no loading at all);
+  - loader-only: the loader iterated with no step;
+  - trained: `Trainer.fit` fed by `make_loader(..., workers="tuned")` — the product's own path.
+efficiency = trained / min(compute-only, loader-only). 1.0 means loading is entirely hidden behind compute
+(or the reverse) and the Trainer adds nothing. Rounds interleaved, `--repeats` times.
+
+    python benchmarks/pipeline_efficiency.py --json pipeline_efficiency.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from trainfast.atomic import write_json
+from trainfast.bench.hardware import describe, hardware
+from trainfast.bench.timing import Spread, interleave
+from trainfast.data.images import ImageFolder
+from trainfast.data.models import build_model
+from trainfast.data.synthetic import ensure_demo_dataset
+from trainfast.loader.make import make_loader
+from trainfast.trainer.config import TrainConfig
+from trainfast.trainer.loop import Trainer
+from trainfast.trainer.settings import torch_settings
+from trainfast.tune.result import load
+from trainfast.tune.step import training_step
+from trainfast.tune.trial import LoaderConfig, run_trial
+from trainfast.tune.tuner import tune_loader
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    logging.getLogger("trainfast").setLevel(logging.WARNING)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    root = ensure_demo_dataset("quick")
+    dataset = ImageFolder(root / "train", image_size=64)
+    step = training_step(build_model("convnet", num_classes=10, image_size=64), normalize=dataset.normalize,
+                         device=device)
+    tuned = load(dataset, 64, device=device.type) or tune_loader(dataset, 64, step, device=device.type)
+    config: LoaderConfig = tuned.chosen
+    batch = next(iter(make_loader(dataset, 64, workers=0)))
+
+    def compute_only() -> float:
+        with torch_settings(cpu_threads=config.cpu_threads):
+            step(batch)
+            started = time.perf_counter()
+            for _ in range(args.batches):
+                step(batch)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            return 64 * args.batches / (time.perf_counter() - started)
+
+    def loader_only() -> float:
+        warmup = 2 + config.num_workers * (config.prefetch_factor or 2)
+        return run_trial(dataset, 64, config, step_fn=None, batches=args.batches, warmup=warmup,
+                         device=device.type).samples_per_s
+
+    def trained() -> float:
+        torch.manual_seed(0)
+        model = build_model("convnet", num_classes=10, image_size=64)
+        loader = make_loader(dataset, 64, workers="tuned", device=device.type)
+        cfg = TrainConfig(epochs=2, limit_batches=args.batches // 2 + 2, cpu_threads="auto", progress=False,
+                          device=device.type)
+        return Trainer(model, config=cfg).fit(loader).samples_per_s
+
+    rates = interleave({"compute_only": compute_only, "loader_only": loader_only, "trained": trained},
+                       repeats=args.repeats)
+    medians = {k: statistics.median(v) for k, v in rates.items()}
+    per_round = [t / min(c, ld) for t, c, ld in zip(rates["trained"], rates["compute_only"], rates["loader_only"],
+                                                       strict=True)]
+    efficiency = Spread.of(per_round)
+    report: dict[str, Any] = {"efficiency": efficiency.median, "efficiency_spread": efficiency.to_json(),
+                              "goal": 0.97, "config": config.to_json(),
+                              "samples_per_s": medians, "repeats": args.repeats, "hardware": hardware()}
+    print(describe(report["hardware"]))
+    print(f"configuration   {config.label()}")
+    for name in ("compute_only", "loader_only", "trained"):
+        print(f"{name:<15} {medians[name]:8.0f} samples/s")
+    print(f"efficiency      {efficiency.median:.3f} (median of {args.repeats}, range "
+          f"{efficiency.minimum:.3f}-{efficiency.maximum:.3f}); goal >= 0.97")
+    if args.json:
+        write_json(args.json, report)
+
+
+if __name__ == "__main__":
+    main()
