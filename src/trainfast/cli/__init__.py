@@ -8,9 +8,9 @@ import sys
 from collections.abc import Sequence
 
 from trainfast import __version__
-from trainfast.cli import demo, doctor, env, train, tune
+from trainfast.cli import bench, demo, doctor, env, train, tune
 
-COMMANDS = (train, demo, doctor, tune, env)
+COMMANDS = (train, demo, doctor, tune, bench, env)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,7 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="trainfast", description="Keep the accelerator fed: measure, tune and train PyTorch models fast.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  trainfast demo --quick\n  trainfast train --epochs 2 --checkpoint-dir runs/a\n"
-               "  trainfast doctor train.py -- --lr 0.1\n  trainfast env\n\n"
+               "  trainfast doctor train.py -- --lr 0.1\n  trainfast tune\n  trainfast bench --quick --plot bench.png\n"
+               "  trainfast env\n\n"
                "'trainfast <command> --help' shows each command's flags and examples.")
     parser.add_argument("--version", action="version", version=f"trainfast {__version__}")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")

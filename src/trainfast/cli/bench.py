@@ -1,0 +1,122 @@
+"""`trainfast bench`: the before/after tables (loader workers; precision x batch size; naive vs trainfast) on this
+machine."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import time
+from pathlib import Path
+from typing import BinaryIO
+
+from rich.console import Console
+
+from trainfast.atomic import atomic_write, write_json
+from trainfast.bench.sweeps import FULL_BENCH, QUICK_BENCH, run_bench, worker_counts
+from trainfast.bench.tables import render, to_markdown
+from trainfast.data.images import ImageFolder
+from trainfast.data.synthetic import ensure_demo_dataset
+from trainfast.loader.cpus import available_cpus
+
+EXAMPLES = """examples:
+  trainfast bench --quick                                   # about 1-2 minutes on 2 CPU cores
+  trainfast bench --json bench.json --markdown bench.md --plot bench.png
+  trainfast bench --data ~/data/pets --quick --plot pets.png   # your own <root>/train/<class>/<image>
+
+Three measurements, each row printed as it finishes:
+  workers    the reference ConvNet (64 px, batch 64; fp32 on the CPU, precision 'auto' on CUDA) trained by
+             trainfast's Trainer for the same number of batches at num_workers 0..usable CPUs: epoch time,
+             samples/s, data wait and device utilisation (GPU util on CUDA, mean CPU % otherwise)
+  precision  fp32 vs mixed precision (bf16-mixed; 16-mixed on pre-Ampere GPUs) at batch 64, 128, 256 on
+             in-memory synthetic images (compute only): peak memory, samples/s; out-of-memory rows say OOM
+  naive vs trainfast   'trainfast demo's two runs on the same data (needs val/ and at most 10 classes)
+
+--plot needs matplotlib (pip install trainfast[plot]). The demo dataset is generated on first use under
+$TRAINFAST_CACHE (default ~/.cache/trainfast). Exit codes: 0 done, 2 bad input.
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("bench", help="before/after tables (workers, precision x batch, naive vs trainfast) here",
+                       description="Measure the tutorials' before/after tables on this machine: loader workers, "
+                                   "precision x batch size, and naive vs trainfast.",
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="the small demo dataset and fewer steps per row (under 3 minutes on 2 cores)")
+    p.add_argument("--data", type=Path, default=None, metavar="DIR",
+                   help="image folder with train/<class>/<image> (val/ optional); default: the demo dataset")
+    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the report as JSON")
+    p.add_argument("--plot", type=Path, default=None, metavar="PATH", help="write a PNG of the report (matplotlib)")
+    p.add_argument("--markdown", type=Path, default=None, metavar="PATH",
+                   help="write the tables as GitHub markdown, with the machine and the command")
+    p.set_defaults(run=run, command_parser=p)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    for flag, example in (("json", "bench.json"), ("plot", "bench.png"), ("markdown", "bench.md")):
+        path = getattr(args, flag)  # refused now, not after minutes of measuring
+        if path is not None and path.is_dir():
+            parser.error(f"--{flag} {str(path)!r} is a folder; give a file path such as {example}")
+    if args.plot is not None:
+        from trainfast.bench.plot import PlotUnavailableError, require_matplotlib
+        try:
+            require_matplotlib()
+        except PlotUnavailableError as e:
+            parser.error(str(e))
+    spec = QUICK_BENCH if args.quick else FULL_BENCH
+    console = Console()
+    if args.data is not None:
+        root = args.data.expanduser()
+        _check_data(root, parser)
+    else:
+        started = time.perf_counter()
+        try:
+            root = ensure_demo_dataset(spec.demo.dataset, seed=spec.seed)
+        except (OSError, ValueError) as e:
+            parser.error(str(e))
+        console.print(f"demo dataset: {root} (generated or cached in {time.perf_counter() - started:.1f} s)",
+                      markup=False, highlight=False)
+    command = shlex.join(["trainfast", "bench", *(["--quick"] if args.quick else []),
+                          *(["--data", str(args.data)] if args.data is not None else [])])
+    workers = list(spec.workers) if spec.workers is not None else worker_counts(available_cpus())
+    console.print(f"measuring: num_workers {workers[0]}..{workers[-1]} ({len(workers)} rows of "
+                  f"{spec.worker_batches} batches), {2 * len(spec.batch_multipliers)} precision rows of "
+                  f"{spec.precision_steps} steps, then naive vs trainfast; a line per row",
+                  markup=False, highlight=False)
+
+    def progress(line: str) -> None:
+        console.print(f"  {line}", markup=False, highlight=False)
+
+    report = run_bench(spec, root, progress=progress, command=command)
+    render(report, console)
+    if args.json is not None:
+        write_json(args.json, report)
+        console.print(f"wrote {args.json}", markup=False, highlight=False)
+    if args.markdown is not None:
+        _write_text(args.markdown, to_markdown(report))
+        console.print(f"wrote {args.markdown}", markup=False, highlight=False)
+    if args.plot is not None:
+        from trainfast.bench.plot import plot_report
+        plot_report(report, args.plot)
+        console.print(f"wrote {args.plot}", markup=False, highlight=False)
+    return 0
+
+
+def _write_text(path: Path, text: str) -> None:
+    data = text.encode()
+
+    def write(f: BinaryIO) -> None:
+        f.write(data)
+    atomic_write(path, write)
+
+
+def _check_data(root: Path, parser: argparse.ArgumentParser) -> None:
+    if not root.is_dir():
+        parser.error(f"--data {str(root)!r} does not exist; give a folder holding train/<class>/<image>")
+    if not (root / "train").is_dir():
+        parser.error(f"--data {str(root)!r} has no 'train' folder; expected {root}/train/<class>/<image> "
+                     f"and optionally {root}/val/<class>/<image>")
+    try:
+        ImageFolder(root / "train")
+    except (FileNotFoundError, ValueError) as e:
+        parser.error(f"--data {str(root)!r}: {e}")

@@ -1,0 +1,119 @@
+"""`trainfast bench` through its own argparse front: the files it writes, progress lines, bad input (exit 2)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from trainfast.bench.demo import QUICK
+from trainfast.bench.sweeps import BenchSpec
+from trainfast.cli import bench
+
+TINY_SPEC = BenchSpec(demo=replace(QUICK, epochs=1), batch_size=16, image_size=32, worker_batches=4,
+                      precision_steps=4, workers=(0, 1))
+
+
+def bench_main(*argv: str) -> int:
+    """What `trainfast bench ...` does once the integrator lists `bench` in cli.COMMANDS."""
+    parser = argparse.ArgumentParser(prog="trainfast")
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench.register(sub)
+    args = parser.parse_args(["bench", *argv])
+    return int(args.run(args, args.command_parser))
+
+
+def test_bench_writes_json_markdown_and_png(tiny_images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(bench, "QUICK_BENCH", TINY_SPEC)
+    out = tmp_path / "out"
+    assert bench_main("--quick", "--data", str(tiny_images), "--json", str(out / "b.json"), "--markdown",
+                      str(out / "b.md"), "--plot", str(out / "b.png")) == 0
+    report = json.loads((out / "b.json").read_text())
+    assert set(report) >= {"workers", "precision", "naive_vs_trainfast", "hardware"}
+    assert {tuple(sorted(r)) for r in report["workers"]} == {tuple(sorted(report["workers"][0]))}
+    assert set(report["workers"][0]) >= {"num_workers", "epoch_s", "samples_per_s", "data_wait_fraction", "util",
+                                         "util_source"}
+    assert set(report["precision"][0]) >= {"precision", "batch_size", "peak_mem_bytes", "samples_per_s", "oom",
+                                           "mem_source"}
+    assert [r["batch_size"] for r in report["precision"]] == [16, 16, 32, 32, 64, 64]
+    assert set(report["naive_vs_trainfast"]) >= {"naive", "trainfast", "speedup"}
+    assert report["command"] == f"trainfast bench --quick --data {tiny_images}"
+    markdown = (out / "b.md").read_text()
+    assert f"`trainfast bench --quick --data {tiny_images}`" in markdown
+    assert "| num_workers | threads | epoch time | samples/s | data wait | CPU util |" in markdown
+    assert "| precision | batch | peak memory (RSS growth) | samples/s | speed vs fp32 at same batch |" in markdown
+    with Image.open(out / "b.png") as image:
+        assert image.format == "PNG" and image.width >= 1000
+    printed = capsys.readouterr().out
+    assert "workers: num_workers=1" in printed and "precision: bf16-mixed batch 64" in printed  # progress lines
+    assert "Loader workers" in printed and "Precision x batch size" in printed and "naive vs trainfast" in printed
+    assert f"wrote {out / 'b.png'}" in printed
+
+
+@pytest.mark.parametrize(("layout", "message"), [
+    ("missing", "does not exist"),
+    ("no-train", "has no 'train' folder"),
+    ("empty-train", "no images"),
+])
+def test_bad_data_exits_2_naming_the_path(tmp_path: Path, capsys: pytest.CaptureFixture[str], layout: str,
+                                          message: str) -> None:
+    root = tmp_path / "data"
+    if layout != "missing":
+        root.mkdir()
+    if layout == "empty-train":
+        (root / "train" / "cats").mkdir(parents=True)
+    with pytest.raises(SystemExit) as exit_info:
+        bench_main("--quick", "--data", str(root))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and str(root) in err
+
+
+def test_an_output_path_that_is_a_folder_exits_2_before_measuring(tiny_images: Path, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bench_main("--data", str(tiny_images), "--json", str(tmp_path))
+    assert exit_info.value.code == 2 and f"--json {str(tmp_path)!r} is a folder" in capsys.readouterr().err
+
+
+def test_plot_without_matplotlib_exits_2_with_the_install_command(tiny_images: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+
+    def must_not_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("measured before refusing --plot")
+
+    monkeypatch.setattr(bench, "run_bench", must_not_run)
+    with pytest.raises(SystemExit) as exit_info:
+        bench_main("--data", str(tiny_images), "--plot", str(tmp_path / "b.png"))
+    assert exit_info.value.code == 2 and "pip install trainfast[plot]" in capsys.readouterr().err
+
+
+def test_help_has_worked_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bench_main("--help")
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0 and "trainfast bench --quick" in out and "--markdown" in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_quick_bench_end_to_end(demo_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The real `--quick` (demo data, default rows); about a minute on an idle 2-core machine."""
+    started = time.perf_counter()
+    assert bench_main("--quick", "--json", str(tmp_path / "b.json")) == 0
+    wall = time.perf_counter() - started
+    report = json.loads((tmp_path / "b.json").read_text())
+    assert [r["num_workers"] for r in report["workers"]][:3] == [0, 1, 2]
+    assert all(r["samples_per_s"] for r in report["workers"])
+    assert [r["batch_size"] for r in report["precision"]] == [64, 64, 128, 128, 256, 256]
+    assert report["naive_vs_trainfast"]["naive"]["steps"] == 3 * 25
+    print(f"trainfast bench --quick: {wall:.0f} s", file=sys.stderr)
+    capsys.readouterr()
