@@ -4,7 +4,8 @@
 # numpy, psutil, rich, nvidia-ml-py and matplotlib; trainfast itself runs from src/ (no install).
 #   bash benchmarks/gpu.sh
 # Each part has its own time limit and a failure in one does not stop the others. The variables
-# SUITE_ARGS / BENCH_ARGS / DEMO_ARGS replace each part's arguments (the CPU smoke test uses them).
+# SUITE_ARGS / BENCH_ARGS / DEMO_ARGS replace each part's arguments and LIMIT_SCALE multiplies the limits
+# (the CPU smoke test uses them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"
@@ -14,7 +15,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export TRAINFAST_CACHE="${TRAINFAST_CACHE:-/tmp/trainfast-cache}"  # outside $OUT: only results come back
 status=0
 part() {  # part NAME SECONDS COMMAND...
-  local name=$1 limit=$2; shift 2
+  local name=$1 limit=$(( $2 * ${LIMIT_SCALE:-1} )); shift 2
   local started=$SECONDS
   echo "== $name (limit ${limit}s)"
   timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log" | tail -n 40
