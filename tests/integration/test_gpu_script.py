@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(600)
 def test_gpu_script_runs_every_part_on_the_cpu(tiny_images: Path, demo_cache: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    env = os.environ | {"OUT": str(out), "PYTHON": sys.executable, "SUITE_ARGS": "--device cpu --tiny", "LIMIT_SCALE": "3",
-                        "BENCH_ARGS": f"--data {tiny_images}", "TRAINFAST_CACHE": str(demo_cache)}
+    env = os.environ | {"OUT": str(out), "PYTHON": sys.executable, "SUITE_ARGS": "--device cpu --tiny",
+                        "LIMIT_SCALE": "3", "BENCH_ARGS": f"--data {tiny_images}", "TRAINFAST_CACHE": str(demo_cache)}
     done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu.sh")], env=env, capture_output=True, text=True,
                           timeout=580)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
