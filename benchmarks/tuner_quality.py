@@ -61,7 +61,9 @@ def main() -> None:
         warmup = 2 + config.num_workers * (config.prefetch_factor or 2)
         return run_trial(dataset, 64, config, step_fn=step, batches=batches, warmup=warmup, device=device.type)
 
-    tuned = tune_loader(dataset, 64, step, budget_s=args.budget_s, device=device.type, save=False)
+    # The same number of measured batches per trial as the sweep: the time ratio compares trial counts fairly.
+    tuned = tune_loader(dataset, 64, step, budget_s=args.budget_s, device=device.type, save=False,
+                        batches=args.batches)
     started = time.perf_counter()
     sweep = [measure(c) for c in grid(cpus, cpu_training, device.type == "cuda")]
     sweep_s = time.perf_counter() - started

@@ -51,12 +51,13 @@ def _compute_rate(dataset: Any, batch_size: int, step_fn: StepFn, repeats: int =
 
 
 def tune_loader(dataset: Any, batch_size: int, step_fn: StepFn | None = None, *, budget_s: float = 60.0,
-                device: str = "auto", save: bool = True) -> TuneResult:
+                device: str = "auto", save: bool = True, batches: int | None = None) -> TuneResult:
     """Find the cheapest loader configuration within a few percent of the fastest, by measurement.
 
     With `step_fn(batch)` (one training step), trials co-run it: a loader measured alone cannot see that
     its workers take cores from the model. On the CPU the intra-op thread count is tuned with the workers.
     The result is cached for `make_loader(dataset, batch_size, workers="tuned")` and the Trainer.
+    `batches` fixes the measured batches per trial; by default a probe sizes them to fit the budget.
     """
     if budget_s <= 0:
         raise ValueError(f"budget_s={budget_s} is not valid; give the search a positive number of seconds")
@@ -65,15 +66,16 @@ def tune_loader(dataset: Any, batch_size: int, step_fn: StepFn | None = None, *,
     started = time.perf_counter()
     with _quiet():
         compute_rate = _compute_rate(dataset, batch_size, step_fn) if step_fn is not None else None
-        # Size every trial from the baseline's speed so the whole search fits the budget.
-        probe = run_trial(dataset, batch_size, LoaderConfig(0), step_fn=step_fn, batches=MIN_BATCHES, warmup=2,
-                          device=device)
-        per_batch_s = batch_size / probe.samples_per_s if probe.samples_per_s else 1.0
-        batches = int(min(MAX_BATCHES, max(MIN_BATCHES, budget_s * TRIAL_SHARE / per_batch_s)))
+        if batches is None:  # size every trial from the baseline's speed so the whole search fits the budget
+            probe = run_trial(dataset, batch_size, LoaderConfig(0), step_fn=step_fn, batches=MIN_BATCHES, warmup=2,
+                              device=device)
+            per_batch_s = batch_size / probe.samples_per_s if probe.samples_per_s else 1.0
+            batches = int(min(MAX_BATCHES, max(MIN_BATCHES, budget_s * TRIAL_SHARE / per_batch_s)))
+        trial_batches = batches
 
         def measure(config: LoaderConfig) -> Trial:
             warmup = 2 + config.num_workers * (config.prefetch_factor or 2)  # past the filled queues
-            trial = run_trial(dataset, batch_size, config, step_fn=step_fn, batches=batches, warmup=warmup,
+            trial = run_trial(dataset, batch_size, config, step_fn=step_fn, batches=trial_batches, warmup=warmup,
                               device=device)
             progress.info("tune: %-40s %9.0f samples/s (%.1f s)", config.label(), trial.samples_per_s, trial.seconds)
             return trial
