@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="trainfast", description="Keep the accelerator fed: measure, tune and train PyTorch models fast.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  trainfast demo --quick\n  trainfast train --epochs 2 --checkpoint-dir runs/a\n"
+               "  torchrun --standalone --nproc-per-node=2 -m trainfast train --epochs 2\n"
                "  trainfast doctor train.py -- --lr 0.1\n  trainfast tune\n  trainfast bench --quick --plot bench.png\n"
                "  trainfast env\n\n"
                "'trainfast <command> --help' shows each command's flags and examples.")

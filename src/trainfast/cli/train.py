@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
 from trainfast.atomic import write_json
@@ -22,6 +23,7 @@ EXAMPLES = """examples:
   trainfast train --epochs 2 --limit-batches 20            # demo dataset, quick size
   trainfast train --data ~/data/pets --model convnet --image-size 96 --epochs 10 --checkpoint-dir runs/pets
   trainfast train --checkpoint-dir runs/pets --resume      # continue after a stop or preemption
+  torchrun --standalone --nproc-per-node=2 -m trainfast train --epochs 2 --checkpoint-dir runs/ddp --resume
 
 --data DIR must hold DIR/train/<class>/<image> (and optionally DIR/val/<class>/<image>).
 Exit codes: 0 done, 1 training failed (e.g. non-finite loss), 2 bad input, 143 stopped by SIGTERM (checkpoint saved).
@@ -46,6 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, one rank speaks
+        log.setLevel(max(log.level, logging.WARNING))
     try:
         config = TrainConfig(**config_values(args, TrainConfig))
     except ValueError as e:
@@ -84,6 +88,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     summary = result.to_json()
     loss = f"{result.final_loss:.4f}" if result.final_loss is not None else "n/a"
     accuracy = f"{result.val_accuracy:.1%}" if result.val_accuracy is not None else "n/a"
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0
     print(f"trained {result.epochs} epoch(s), {result.steps} steps: {result.samples_per_s:,.0f} samples/s, "
           f"data wait {result.data_wait_fraction:.0%}, final loss {loss}, val accuracy {accuracy}")
     if result.checkpoint:

@@ -39,6 +39,8 @@ class TrainConfig:
     log_interval_s: float = field(default=10.0,
                                   metadata=_opt("seconds between log lines when stderr is not a terminal"))
     checkpoint_dir: str | None = field(default=None, metadata=_opt("write last.pt and best.pt here"))
+    keep_checkpoints: int = field(default=2, metadata=_opt(
+        "recent checkpoints kept (last.pt, last.1.pt, ...): resume falls back past a corrupt one"))
     seed: int | None = field(default=None, metadata=_opt(
         "seed Python, numpy and torch RNGs when a fresh fit starts (dropout etc.); none leaves them alone. "
         "The CLI also seeds weight init and the loader's order and augmentation with it"))
@@ -54,7 +56,7 @@ class TrainConfig:
     scaler: ScalerConfig = field(default_factory=ScalerConfig, metadata=_opt("GradScaler knobs (16-mixed)"))
 
     def __post_init__(self) -> None:
-        _positive(self, "epochs", "accumulate", "log_every")
+        _positive(self, "epochs", "accumulate", "log_every", "keep_checkpoints")
         _positive(self, "limit_batches", "limit_val_batches", optional=True)
         # `not x > 0` rather than `x <= 0`: NaN compares false either way and must be refused too
         if not (math.isfinite(self.lr) and self.lr > 0):

@@ -14,7 +14,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -22,6 +22,7 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from trainfast.atomic import atomic_copy
 from trainfast.device import resolve_device
@@ -36,13 +37,25 @@ from trainfast.trainer.callbacks import check_callbacks, emit
 from trainfast.trainer.checkpoint import (
     CheckpointError,
     atomic_save,
+    clean_stale_temps,
     load_checkpoint,
+    load_latest_good,
     rng_state,
+    rotate,
     set_rng_state,
     versions,
 )
 from trainfast.trainer.clock import StepClock
 from trainfast.trainer.config import ConfigError, TrainConfig
+from trainfast.trainer.distributed import (
+    all_sum,
+    any_rank,
+    barrier,
+    dist_info,
+    dist_initialized,
+    gather,
+    process_group,
+)
 from trainfast.trainer.optimizer import default_optimizer
 from trainfast.trainer.progress import ProgressReporter
 from trainfast.trainer.result import FitResult
@@ -70,10 +83,7 @@ class Trainer:
                  config: TrainConfig | None = None, callbacks: Sequence[object] = (), *,
                  step_fn: StepFn | None = None) -> None:
         self.config = cfg = config or TrainConfig()
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world > 1:  # each rank would train its own copy on its shard of the data, silently
-            raise ConfigError(f"WORLD_SIZE={world}: this Trainer runs a single process and does not yet wrap the "
-                              "model in DistributedDataParallel; launch it without torchrun")
+        self.dist = dist_info()  # torchrun's RANK / LOCAL_RANK / WORLD_SIZE, or a single process
         check_callbacks(callbacks)
         self.callbacks = list(callbacks)
         try:
@@ -99,11 +109,14 @@ class Trainer:
         self.last_loss: float | None = None  # mean training loss at the last read
         self.last_metrics: dict[str, float] = {}  # train_loss, val_loss, val_accuracy of the last epoch
         self._skipped_seen = 0
+        self._ddp: DistributedDataParallel | None = None
         log.info("precision: %s (%s); device: %s", self.precision.name, self.precision.reason, self.device)
 
     # ---------------------------------------------------------------- the loop
     def fit(self, train_loader: Iterable[Any], val_loader: Iterable[Any] | None = None, *,
-            resume: bool | str | Path = False) -> FitResult:
+            resume: bool | str | Path = False, trust_checkpoint: bool = False) -> FitResult:
+        """Train for `config.epochs`. `resume=True` continues from the newest good checkpoint in `checkpoint_dir`
+        (or a path); `trust_checkpoint=True` lets it unpickle arbitrary objects — only for files you made."""
         cfg = self.config
         per_epoch = self._batches_per_epoch(train_loader)
         total_steps = cfg.epochs * math.ceil(per_epoch / cfg.accumulate)
@@ -111,24 +124,28 @@ class Trainer:
         if cfg.seed is not None:
             seed_all(cfg.seed)  # a resumed run then restores the RNG states it saved
         if resume:
-            self._resume(resume)
-        model = cast(nn.Module, torch.compile(self.model)) if cfg.compile else self.model
+            self._resume(resume, trust_checkpoint)
+        if cfg.checkpoint_dir and self.dist.is_main:
+            clean_stale_temps(Path(cfg.checkpoint_dir))  # left by a process killed while writing
         self._preflight(train_loader)
         started = time.perf_counter()
         with ExitStack() as stack:  # each part undoes itself however fit ends
+            distributed = stack.enter_context(process_group(self.dist, self.device))
+            model = self._wrap(distributed)
             stack.enter_context(torch_settings(cpu_threads=self._cpu_threads(train_loader), tf32=self.precision.tf32,
                                                cudnn_benchmark=cfg.cudnn_benchmark if self.device.type == "cuda"
                                                else None))
             stop = stack.enter_context(StopSignal())
             stack.enter_context(_closing(train_loader, val_loader))
             monitor = stack.enter_context(Monitor()) if cfg.monitor else None
-            bar = stack.enter_context(ProgressReporter(enabled=cfg.progress, total_steps=total_steps,
-                                                       interval_s=cfg.log_interval_s, epochs=cfg.epochs))
+            bar = stack.enter_context(ProgressReporter(enabled=cfg.progress and self.dist.is_main,
+                                                       total_steps=total_steps, interval_s=cfg.log_interval_s,
+                                                       epochs=cfg.epochs))
             emit(self.callbacks, "on_fit_start", self)
             while self.epoch < cfg.epochs:
                 emit(self.callbacks, "on_epoch_start", self, self.epoch)
                 self._train_epoch(model, train_loader, per_epoch, bar, stop)
-                if stop.requested:
+                if stop.agreed:
                     self._stop_for_signal()
                 self._end_epoch(model, val_loader)
         result = self._result(time.perf_counter() - started)
@@ -136,6 +153,25 @@ class Trainer:
             result = replace(result, monitor={name: s.to_json() for name, s in monitor.summary().items()})
         emit(self.callbacks, "on_fit_end", self, result)
         return result
+
+    def _wrap(self, distributed: bool) -> nn.Module:
+        """DDP first, then compile: compiling the DDP module lets dynamo split graphs at gradient buckets."""
+        model = self.model
+        if distributed:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            model = self._ddp = DistributedDataParallel(model, device_ids=ids)
+        return cast(nn.Module, torch.compile(model)) if self.config.compile else model
+
+    def _sync_grads(self, boundary: bool) -> AbstractContextManager[object]:
+        """Inside a gradient-accumulation cycle DDP need not all-reduce: only the cycle's last backward does."""
+        return self._ddp.no_sync() if self._ddp is not None and not boundary else nullcontext()
+
+    def _stop_agreed(self, stop: StopSignal) -> bool:
+        """Stop now? Alone: whenever a signal came. Distributed: every rank at the same step, so the ranks agree
+        at log points (a collective, not a per-step sync); torchrun sends the signal to every rank anyway."""
+        if self._ddp is None and not dist_initialized():
+            return stop.requested is not None
+        return self.step % self.config.log_every == 0 and any_rank(stop.requested is not None, self.device)
 
     def _preflight(self, loader: Iterable[Any]) -> None:
         """Environment checks for this loader before its first batch (shared memory, open files, CPUs, DB handles)."""
@@ -157,10 +193,11 @@ class Trainer:
             if batch is None:
                 break
             clock.waited(asked, time.perf_counter())
-            with autocast:
-                loss = self._loss(model, batch)
-            self.scaler.scale(loss / acc if acc > 1 else loss).backward()
             boundary = (b + 1) % acc == 0 or b + 1 == n_batches
+            with self._sync_grads(boundary):
+                with autocast:
+                    loss = self._loss(model, batch)
+                self.scaler.scale(loss / acc if acc > 1 else loss).backward()
             if boundary:
                 if cfg.grad_clip is not None:
                     self.scaler.unscale_(self.optimizer)
@@ -178,7 +215,8 @@ class Trainer:
                     self._log_point()
                 if bar.due(now):
                     self._show(bar, now)
-                if stop.requested:
+                if self._stop_agreed(stop):
+                    stop.agreed = True
                     break
         self._show(bar, time.perf_counter())
 
@@ -214,7 +252,7 @@ class Trainer:
         emit(self.callbacks, "on_log", self, metrics)
 
     def _show(self, bar: ProgressReporter, now: float) -> None:
-        if bar.wants_loss:
+        if bar.wants_loss and not dist_initialized():  # reading is collective under DDP: log points only
             self._read_window()
         bar.loss = self.last_loss
         window = self.clock.summary(last=RATE_WINDOW)
@@ -222,10 +260,9 @@ class Trainer:
                  wait_fraction=window.data_wait_fraction)
 
     def _read_window(self) -> float | None:
-        count = self._loss_count
-        if count == 0:
+        if self._loss_count == 0:  # every rank has taken the same steps: all return here together
             return None
-        total = float(self._loss_sum.item())
+        total, count = all_sum([float(self._loss_sum.item()), float(self._loss_count)], self.device)
         self._loss_sum.zero_()
         self._loss_count = 0
         self.last_loss = total / count
@@ -271,11 +308,13 @@ class Trainer:
                         correct += (out.argmax(dim=1) == targets).sum()
                 seen += n
         model.train()
-        if seen == 0:
+        total_loss, total_correct, total_seen = all_sum(  # every rank validated its own shard
+            [float(loss_sum.item()), float(correct.item()), float(seen)], self.device)
+        if total_seen == 0:
             return {}
-        metrics = {"val_loss": float(loss_sum.item()) / seen}
+        metrics = {"val_loss": total_loss / total_seen}
         if classify:
-            metrics["val_accuracy"] = int(correct.item()) / seen
+            metrics["val_accuracy"] = total_correct / total_seen
         return metrics
 
     # ---------------------------------------------------------------- epochs, checkpoints, resume
@@ -295,46 +334,58 @@ class Trainer:
             self.best_metric = score
         if self.config.checkpoint_dir:
             path = self.save(Path(self.config.checkpoint_dir) / "last.pt")
-            if improved:
+            if improved and self.dist.is_main:
                 best = atomic_copy(path, Path(self.config.checkpoint_dir) / "best.pt")
                 emit(self.callbacks, "on_checkpoint", self, best)
+            barrier()
         emit(self.callbacks, "on_epoch_end", self, self.epoch - 1, metrics)
         self.clock.resume()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, rng_per_rank: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         assert self.scheduler is not None
+        rngs = rng_per_rank or [rng_state()]
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                 "epoch": self.epoch, "step": self.step, "batch": self.batch, "best_metric": self.best_metric,
-                "epoch_loss": list(self._epoch_loss), "rng": rng_state(), "config": self.config.to_dict(),
-                "versions": versions(), "format": 1}
+                "epoch_loss": list(self._epoch_loss), "rng": rngs[0], "rng_per_rank": rngs,
+                "config": self.config.to_dict(), "versions": versions(), "format": 1}
 
     def save(self, path: Path) -> Path:
-        atomic_save(self.state_dict(), path)
-        emit(self.callbacks, "on_checkpoint", self, path)
+        """Write a checkpoint (collective under DDP: every rank calls it, rank 0 writes, all wait for the file).
+
+        The previous `keep_checkpoints - 1` files are kept beside it (`last.1.pt`, ...) for a corrupt one."""
+        rngs = gather(rng_state())  # each rank's RNG (its dropout stream) is part of an exact resume
+        if self.dist.is_main:
+            rotate(path, self.config.keep_checkpoints)
+            atomic_save(self.state_dict(rngs), path)
+            emit(self.callbacks, "on_checkpoint", self, path)
+        barrier()
         return path
 
     def _stop_for_signal(self) -> None:
         self._read_window()  # refuses to save if the loss went non-finite
         if self.config.checkpoint_dir:
             path = self.save(Path(self.config.checkpoint_dir) / "last.pt")
-            log.warning("stopped at epoch %d batch %d (step %d); saved %s; resume with resume=True / --resume",
-                        self.epoch + 1, self.batch, self.step, path)
-        else:
+            if self.dist.is_main:
+                log.warning("stopped at epoch %d batch %d (step %d); saved %s; resume with resume=True / --resume",
+                            self.epoch + 1, self.batch, self.step, path)
+        elif self.dist.is_main:
             log.warning("stopped at step %d; no checkpoint_dir, nothing saved", self.step)
         raise SystemExit(EXIT_CODE)
 
-    def _resume(self, resume: bool | str | Path) -> None:
+    def _resume(self, resume: bool | str | Path, trusted: bool) -> None:
         if resume is True:
             if not self.config.checkpoint_dir:
                 raise ConfigError("resume=True needs checkpoint_dir (where last.pt lives), or pass the checkpoint path")
-            path = Path(self.config.checkpoint_dir) / "last.pt"
-            if not path.exists():
-                log.info("resume: no checkpoint at %s yet; starting from scratch", path)
+            found = load_latest_good(Path(self.config.checkpoint_dir) / "last.pt", self.config.keep_checkpoints,
+                                     map_location=self.device, trusted=trusted)
+            if found is None:
+                log.info("resume: no checkpoint in %s yet; starting from scratch", self.config.checkpoint_dir)
                 return
+            path, state = found
         else:
             path = Path(resume)  # type: ignore[arg-type]
-        state = load_checkpoint(path, map_location=self.device)
+            state = load_checkpoint(path, map_location=self.device, trusted=trusted)
         assert self.scheduler is not None
         try:
             self.model.load_state_dict(state["model"])
@@ -346,7 +397,8 @@ class Trainer:
         self.epoch, self.step, self.batch = state["epoch"], state["step"], state["batch"]
         self.best_metric = state["best_metric"]
         self._epoch_loss = list(state["epoch_loss"])
-        set_rng_state(state["rng"])
+        per_rank = state.get("rng_per_rank") or [state["rng"]]
+        set_rng_state(per_rank[self.dist.rank] if len(per_rank) == self.dist.world_size else state["rng"])
         log.info("resumed from %s: epoch %d, batch %d, step %d", path, self.epoch + 1, self.batch, self.step)
 
     # ---------------------------------------------------------------- helpers
@@ -354,8 +406,8 @@ class Trainer:
         summary = self.clock.summary()
         metrics = self.last_metrics
         ckpt = Path(self.config.checkpoint_dir) if self.config.checkpoint_dir else None
-        return FitResult(
-            epochs=self.epoch, steps=self.step, samples_per_s=summary.samples_per_s,
+        return FitResult(  # samples/s of the whole job: every rank trains as many samples per step
+            epochs=self.epoch, steps=self.step, samples_per_s=summary.samples_per_s * self.dist.world_size,
             data_wait_fraction=summary.data_wait_fraction, final_loss=metrics.get("train_loss"),
             val_loss=metrics.get("val_loss"), val_accuracy=metrics.get("val_accuracy"),
             checkpoint=str(ckpt / "last.pt") if ckpt and (ckpt / "last.pt").exists() else None,
@@ -409,8 +461,9 @@ class Trainer:
                      plan.num_workers)
             return int(plan.cpu_threads)
         workers = plan.num_workers if plan is not None else getattr(loader, "num_workers", 0)
-        chosen = threads_beside_workers(available_cpus(), workers)
-        log.info("cpu_threads=%d: %d usable CPUs shared with %d loader worker(s)", chosen, available_cpus(), workers)
+        cpus = max(1, available_cpus() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # ranks share the machine
+        chosen = threads_beside_workers(cpus, workers)
+        log.info("cpu_threads=%d: %d usable CPUs shared with %d loader worker(s)", chosen, cpus, workers)
         return chosen
 
 

@@ -65,6 +65,8 @@ class ProgressReporter:
         return not self.tty
 
     def show(self, now: float, *, step: int, epoch: int, samples_per_s: float, wait_fraction: float) -> None:
+        if not self.enabled:
+            return
         self._next = now + self.interval_s
         loss = f" | loss {self.loss:.4f}" if self.loss is not None else ""
         stats = f"{samples_per_s:,.0f} samples/s | data wait {wait_fraction:.0%}{loss}"

@@ -18,6 +18,7 @@ class StopSignal:
     def __init__(self, signals: tuple[signal.Signals, ...] = (signal.SIGTERM,)) -> None:
         self.signals = signals
         self.requested: signal.Signals | None = None
+        self.agreed = False  # the loop decided to stop here (all ranks at the same step under DDP)
         self._previous: dict[signal.Signals, Any] = {}
 
     def _handle(self, signum: int, frame: types.FrameType | None) -> None:

@@ -318,12 +318,6 @@ def test_compile(tmp_path: Path) -> None:
     assert not any(k.startswith("_orig_mod") for k in state["model"])  # saved from the uncompiled module
 
 
-def test_refuses_to_run_as_one_of_several_torchrun_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ConfigError, match=r"WORLD_SIZE=2: .*launch it without torchrun"):
-        Trainer(nn.Linear(2, 2), config=config())
-
-
 def test_seed_makes_dropout_reproducible_whatever_the_global_rng() -> None:
     x, y = blobs(n=64)
     states = []

@@ -1,0 +1,115 @@
+"""Data-parallel training under torchrun: the environment it sets, the process group, collective helpers.
+
+trainfast has no launcher of its own: `torchrun --nproc-per-node=N -m trainfast train ...` (or any script
+calling `Trainer.fit`) starts one process per device, and the Trainer finds RANK, LOCAL_RANK and
+WORLD_SIZE in the environment. nccl on CUDA, gloo on the CPU.
+
+Elastic restarts (`--max-restarts`): torchrun reuses one store across attempts, and on gloo the peers'
+addresses from the failed attempt are still in it, so a restarted worker connects to a process that no
+longer exists. Every attempt therefore gets its own key prefix, from TORCHELASTIC_RESTART_COUNT.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("trainfast")
+TIMEOUT = timedelta(minutes=10)  # a collective that waits longer than this means a peer is gone
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    restart: int = 0  # torchrun's attempt number (0 on the first)
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def dist_info(env: dict[str, str] | None = None) -> DistInfo:
+    """The torchrun environment (all defaults without it)."""
+    env = dict(os.environ) if env is None else env
+    return DistInfo(rank=int(env.get("RANK", 0)), local_rank=int(env.get("LOCAL_RANK", 0)),
+                    world_size=int(env.get("WORLD_SIZE", 1)), restart=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
+
+
+def _store(info: DistInfo) -> Any:
+    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
+    agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent runs the server
+    base = dist.TCPStore(host, port, info.world_size, is_master=not agent_hosts_it and info.is_main,  # type: ignore[attr-defined]
+                         timeout=TIMEOUT)
+    return dist.PrefixStore(f"trainfast/attempt_{info.restart}", base)  # type: ignore[attr-defined]
+
+
+@contextmanager
+def process_group(info: DistInfo, device: torch.device) -> Iterator[bool]:
+    """Initialise the default process group for the block (unless the caller already did) and destroy it
+    after; yields whether training is distributed."""
+    if not info.enabled:
+        yield False
+        return
+    if dist.is_initialized():  # the user's own set-up: use it, leave it
+        yield True
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, store=_store(info), rank=info.rank, world_size=info.world_size,
+                            timeout=TIMEOUT)
+    log.info("distributed: rank %d of %d (%s, attempt %d)", info.rank, info.world_size, backend, info.restart)
+    try:
+        yield True
+    finally:
+        dist.destroy_process_group()
+
+
+def dist_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def all_sum(values: list[float], device: torch.device) -> list[float]:
+    """Element-wise sum over all ranks (a sync: call it at log points only)."""
+    if not dist_initialized():
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return [float(v) for v in t.tolist()]
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank if it is True on any: all ranks take the same decision at the same step."""
+    if not dist_initialized():
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+def gather(obj: Any) -> list[Any]:
+    """Every rank's `obj`, in rank order (one entry without a process group)."""
+    if not dist_initialized():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    if dist_initialized():
+        dist.barrier()

@@ -1,0 +1,99 @@
+"""Data-parallel training through torchrun on the CPU (gloo): the CLI, bit-exact resume with 2 ranks after a
+SIGTERM, a crashed rank under --max-restarts, and SIGTERM delivered to torchrun itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).parent / "scripts" / "ddp_train.py"
+ENV = os.environ | {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def torchrun(*args: str, restarts: int = 0) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+            f"--max-restarts={restarts}", *args]
+
+
+def run(cmd: list[str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def digests(out: Path) -> list[dict[str, object]]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """The uninterrupted 2-rank run every fault scenario must end exactly like."""
+    root = tmp_path_factory.mktemp("reference")
+    done = run(torchrun(str(SCRIPT), "--ckpt", str(root / "ckpt"), "--out", str(root / "out")))
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, second = digests(root / "out")
+    assert first == second  # DDP: both ranks hold the same weights
+    return first
+
+
+def test_cli_train_under_torchrun(tiny_images: Path, tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    done = run(torchrun("-m", "trainfast", "train", "--data", str(tiny_images), "--image-size", "16",
+                        "--batch-size", "8", "--epochs", "2", "--limit-batches", "4", "--workers", "1",
+                        "--checkpoint-dir", str(tmp_path / "ckpt"), "--no-progress", "--json", str(out)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["steps"] == 8 and result["epochs"] == 2
+    state = torch.load(tmp_path / "ckpt" / "last.pt", weights_only=True)
+    assert len(state["rng_per_rank"]) == 2 and state["step"] == 8
+
+
+def test_sigterm_on_one_rank_stops_all_at_the_same_step_and_resumes_exactly(reference: dict[str, object],
+                                                                           tmp_path: Path) -> None:
+    stopped = run(torchrun(str(SCRIPT), "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
+                           "--stop-at", "6"))
+    assert stopped.returncode != 0  # the ranks exit 143; torchrun reports the job as failed
+    assert stopped.stderr.count("stopped at epoch 2 batch 2 (step 6)") == 1  # rank 0 says it, once
+    state = torch.load(tmp_path / "ckpt" / "last.pt", weights_only=True)
+    assert (state["step"], state["epoch"], state["batch"]) == (6, 1, 2)
+    resumed = run(torchrun(str(SCRIPT), "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
+                           "--resume"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert digests(tmp_path / "out") == [reference, reference]  # no step lost, none repeated
+
+
+def test_a_crashed_rank_is_restarted_and_the_job_finishes(reference: dict[str, object], tmp_path: Path) -> None:
+    done = run(torchrun(str(SCRIPT), "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
+                        "--crash-at", "6", "--resume", restarts=1))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rank 1 lost its GPU (simulated)" in done.stderr
+    assert "attempt 1" in done.stderr and "resumed from" in done.stderr
+    assert digests(tmp_path / "out") == [reference, reference]
+
+
+def test_sigterm_to_torchrun_itself(tmp_path: Path) -> None:
+    """A scheduler preempting the job signals torchrun, which forwards it to every rank."""
+    marker = tmp_path / "training"
+    cmd = torchrun(str(SCRIPT), "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"), "--epochs", "400",
+                   "--marker", str(marker), "--slow", "0.01")
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert marker.exists(), "training never started"
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    state = torch.load(tmp_path / "ckpt" / "last.pt", weights_only=True)
+    assert 2 <= state["step"] < 400 * 4, stderr[-2000:]
+    assert "stopped at epoch" in stderr
