@@ -10,6 +10,7 @@ from typing import Any
 
 from trainfast.device import device_kind
 from trainfast.precision.policy import PRECISIONS, ScalerConfig
+from trainfast.trainer.signals import parse_signals
 
 
 def _opt(help: str, **extra: Any) -> dict[str, Any]:
@@ -39,6 +40,8 @@ class TrainConfig:
     log_interval_s: float = field(default=10.0,
                                   metadata=_opt("seconds between log lines when stderr is not a terminal"))
     checkpoint_dir: str | None = field(default=None, metadata=_opt("write last.pt and best.pt here"))
+    stop_signals: str = field(default="SIGTERM", metadata=_opt(
+        "signals that stop training after the current step with a checkpoint, e.g. 'SIGTERM,SIGUSR1' (SLURM)"))
     keep_checkpoints: int = field(default=2, metadata=_opt(
         "recent checkpoints kept (last.pt, last.1.pt, ...): resume falls back past a corrupt one"))
     seed: int | None = field(default=None, metadata=_opt(
@@ -76,6 +79,10 @@ class TrainConfig:
             raise ConfigError(str(e)) from None
         if self.channels_last not in (True, False, "auto"):
             raise ConfigError(f"channels_last={self.channels_last!r} is not valid; use True, False or 'auto'")
+        try:
+            parse_signals(self.stop_signals)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         t = self.cpu_threads
         if not (t is None or t == "auto" or (isinstance(t, int) and not isinstance(t, bool) and t >= 1)):
             raise ConfigError(f"cpu_threads={t!r} is not valid; use a positive integer, 'auto' or None")

@@ -61,7 +61,7 @@ from trainfast.trainer.progress import ProgressReporter
 from trainfast.trainer.result import FitResult
 from trainfast.trainer.schedule import warmup_cosine
 from trainfast.trainer.settings import torch_settings
-from trainfast.trainer.signals import EXIT_CODE, StopSignal
+from trainfast.trainer.signals import EXIT_CODE, StopSignal, parse_signals
 
 log = logging.getLogger("trainfast")
 RATE_WINDOW = 50  # steps over which the progress display averages samples/s and data wait
@@ -135,7 +135,7 @@ class Trainer:
             stack.enter_context(torch_settings(cpu_threads=self._cpu_threads(train_loader), tf32=self.precision.tf32,
                                                cudnn_benchmark=cfg.cudnn_benchmark if self.device.type == "cuda"
                                                else None))
-            stop = stack.enter_context(StopSignal())
+            stop = stack.enter_context(StopSignal(parse_signals(cfg.stop_signals)))
             stack.enter_context(_closing(train_loader, val_loader))
             monitor = stack.enter_context(Monitor()) if cfg.monitor else None
             bar = stack.enter_context(ProgressReporter(enabled=cfg.progress and self.dist.is_main,

@@ -1,4 +1,8 @@
-"""Graceful stop on SIGTERM (preemption): the loop finishes its step, saves, and exits 143."""
+"""Graceful stop on SIGTERM (preemption): the loop finishes its step, saves, and exits 143.
+
+Clusters differ in the warning they send: SLURM's `--signal=USR1@90` sends SIGUSR1 ahead of the kill so
+the job can checkpoint and requeue itself; `TrainConfig(stop_signals="SIGTERM,SIGUSR1")` catches both.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,20 @@ from typing import Any
 
 log = logging.getLogger("trainfast")
 EXIT_CODE = 143  # 128 + SIGTERM, what schedulers expect from a process stopped by SIGTERM
+
+
+def parse_signals(names: str) -> tuple[signal.Signals, ...]:
+    """"SIGTERM,SIGUSR1" -> the signals; ValueError naming the bad name and the usual choices."""
+    found = []
+    for name in (n.strip().upper() for n in names.split(",") if n.strip()):
+        name = name if name.startswith("SIG") else "SIG" + name
+        if name not in signal.Signals.__members__ or name in ("SIGKILL", "SIGSTOP"):
+            raise ValueError(f"stop signal {name!r} is not valid; use names such as SIGTERM, SIGUSR1, SIGUSR2, "
+                             "SIGINT, comma-separated (SIGKILL and SIGSTOP cannot be caught)")
+        found.append(signal.Signals[name])
+    if not found:
+        raise ValueError(f"stop_signals={names!r} names no signal; use e.g. 'SIGTERM' or 'SIGTERM,SIGUSR1'")
+    return tuple(found)
 
 
 class StopSignal:

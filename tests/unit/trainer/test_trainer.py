@@ -361,3 +361,27 @@ def test_cpu_threads_auto_follows_a_tuned_plan() -> None:
     loader = make_loader((x, y), 16)
     loader.plan = replace(loader.plan, cpu_threads=1)  # as make_loader(workers="tuned") sets it
     assert Trainer(nn.Linear(8, 4), config=config(cpu_threads="auto"))._cpu_threads(loader) == 1
+
+
+class SignalAt:
+    def __init__(self, step: int, signum: signal.Signals) -> None:
+        self.step, self.signum = step, signum
+
+    def on_log(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        if metrics["step"] == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+def test_sigusr1_can_be_a_stop_signal_for_slurm_requeue(tmp_path: Path) -> None:
+    x, y = blobs(n=64)
+    cfg = config(epochs=1, log_every=1, stop_signals="SIGTERM,SIGUSR1", checkpoint_dir=str(tmp_path))
+    with pytest.raises(SystemExit) as stopped:
+        Trainer(nn.Linear(8, 4), config=cfg, callbacks=(SignalAt(2, signal.SIGUSR1),)).fit(make_loader((x, y), 16))
+    assert stopped.value.code == 143 and load_checkpoint(tmp_path / "last.pt")["step"] == 2
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+
+
+@pytest.mark.parametrize("bad", ["SIGKILL", "SIGNOPE", ""])
+def test_bad_stop_signals(bad: str) -> None:
+    with pytest.raises(ConfigError, match=r"not valid|names no signal"):
+        config(stop_signals=bad)
