@@ -9,14 +9,21 @@ Three choices make it fast (figures from the demo images, 300-500 px, one core):
   float32; conversion and normalisation happen on the device (`DevicePrefetcher`).
 - Keep the file list in one numpy byte-string array, not a Python list: workers that read a list of
   str objects touch their refcounts and copy the pages (pytorch#13246: RSS grows per worker).
+
+A corrupt or truncated file raises `CorruptImageError` naming it (`on_bad_sample="raise"`), or is logged once
+and replaced by the next decodable image (`on_bad_sample="skip"`) until the bad share exceeds `max_bad_fraction`.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import math
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -25,6 +32,15 @@ from PIL import Image
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+OnBadSample = Literal["raise", "skip"]
+ON_BAD_SAMPLE: tuple[OnBadSample, ...] = ("raise", "skip")
+# on_bad_sample="skip": the most files tried for one sample (the one asked for, then the next ones) before giving up
+MAX_FILES_TRIED = 100
+# The process is out of a resource, the file is not broken: these propagate as they are (the loader's
+# LoaderError explains them) instead of counting as a corrupt image.
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
+log = logging.getLogger("trainfast")
 
 
 class CorruptImageError(RuntimeError):
@@ -46,13 +62,27 @@ class ImageFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     flip, drawn from Python's `random` (the loader seeds it per batch). `train=False`: resize the
     short side to `image_size / center_fraction`, then a centre crop. `decode="full"` decodes every
     image at its stored size (the reference behaviour, for comparisons).
+
+    A file that cannot be decoded (corrupt, truncated, not an image) raises `CorruptImageError` naming it with
+    `on_bad_sample="raise"`. With `"skip"` it is logged (once per file and process), counted in `bad_samples`,
+    and the next index's image is returned instead (wrapping around; after `MAX_FILES_TRIED` undecodable files
+    in a row, or all of them, `CorruptImageError`). Once more than `max_bad_fraction` of the samples this process
+    tried were bad, `CorruptImageError` stops training; the share is judged over at least 1 / max_bad_fraction
+    samples (100 at 0.01), so one bad file drawn early is not enough to stop it. Skipping keeps batches independent
+    of the worker count (a bad file is decoded again each time it is drawn). Running out of open files or memory
+    is not a bad file: that error propagates.
+
+    `bad_samples` and `samples_tried` count in *this process*: DataLoader workers each count their own (the
+    main process's counters stay 0, and each worker's limit applies to what that worker tried); the warnings
+    name every bad file whichever process met it.
     """
 
     normalize = Normalize()
 
     def __init__(self, root: str | Path, *, image_size: int = 64, train: bool = True,
                  decode: str = "draft", crop_scale: tuple[float, float] = (0.35, 1.0),
-                 center_fraction: float = 0.875) -> None:
+                 center_fraction: float = 0.875, on_bad_sample: OnBadSample = "raise",
+                 max_bad_fraction: float = 0.01) -> None:
         root = Path(root)
         if not root.is_dir():
             raise FileNotFoundError(f"image folder {str(root)!r} does not exist; expected <root>/<class>/<image>")
@@ -60,6 +90,14 @@ class ImageFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
             raise ValueError(f"decode={decode!r} is not valid; choose 'draft' or 'full'")
         if image_size < 8:
             raise ValueError(f"image_size={image_size} is too small; use 8 or more")
+        if on_bad_sample not in ON_BAD_SAMPLE:
+            raise ValueError(f"on_bad_sample={on_bad_sample!r} is not valid; choose 'raise' (stop at the first "
+                             "corrupt image) or 'skip' (log it and use the next image)")
+        if not (isinstance(max_bad_fraction, (int, float)) and not isinstance(max_bad_fraction, bool)
+                and 0 <= max_bad_fraction <= 1):
+            raise ValueError(f"max_bad_fraction={max_bad_fraction!r} is not valid; use a number from 0 to 1: the "
+                             "share of the samples tried that may be corrupt before training stops (0.01 = 1%, "
+                             "1 = skip any number)")
         self.classes = sorted(p.name for p in root.iterdir() if p.is_dir())
         paths, labels = [], []
         for label, name in enumerate(self.classes):
@@ -75,22 +113,82 @@ class ImageFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         self.targets = np.array(labels, dtype=np.int64)
         self.image_size, self.train, self.decode = image_size, train, decode
         self.crop_scale, self.center_fraction = crop_scale, center_fraction
+        self.on_bad_sample: OnBadSample = on_bad_sample
+        self.max_bad_fraction = float(max_bad_fraction)
+        self.bad_samples = 0  # decode failures met by this process (a bad file counts each time it is drawn)
+        self.samples_tried = 0  # samples this process tried to decode ("skip" mode only)
+        self.last_bad_file: str | None = None
+        self._bad: dict[str, str] = {}  # path -> why, for the files this process found bad (warned once each)
 
     def __len__(self) -> int:
         return len(self._paths)
+
+    @property
+    def sample_bytes(self) -> int:
+        """Bytes of one collated sample: the uint8 3 x image_size x image_size image and its int64 label."""
+        return 3 * self.image_size * self.image_size + 8
 
     def path(self, index: int) -> str:
         return bytes(self._paths[index]).decode()
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if self.on_bad_sample == "raise":
+            return self._sample(index)
+        return self._sample_or_next(index)
+
+    def _sample(self, index: int) -> tuple[torch.Tensor, int]:
         path = self.path(index)
         try:
             with Image.open(path) as im:
                 img = self._load(im)
-        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        except OSError as e:
+            if e.errno in RESOURCE_ERRNOS:
+                raise
+            raise CorruptImageError(f"cannot decode image {path!r}: {e}") from e
+        except (SyntaxError, ValueError, Image.DecompressionBombError) as e:
             raise CorruptImageError(f"cannot decode image {path!r}: {e}") from e
         arr = np.array(img, dtype=np.uint8)  # a writable copy: torch refuses read-only buffers
         return torch.from_numpy(arr).permute(2, 0, 1), int(self.targets[index])
+
+    def _sample_or_next(self, index: int) -> tuple[torch.Tensor, int]:
+        n = len(self)
+        start = index % n if -n <= index < n else index  # out of range: let path() raise IndexError
+        tries = min(n, MAX_FILES_TRIED)
+        for k in range(tries):
+            i = (start + k) % n if k else start
+            path = self.path(i)
+            self.samples_tried += 1
+            try:  # a file known to be bad is tried again all the same: skipping it without a decode would
+                return self._sample(i)  # change the RNG draws, and a batch must not depend on what came before
+            except CorruptImageError as e:
+                self._count_bad(path, e)
+        first, last = self.path(start), self.path((start + tries - 1) % n)
+        which = f"all {n} files" if tries == n else f"{tries} files in a row"
+        raise CorruptImageError(
+            f"no decodable image found: {which} from index {start} ({first!r} to {last!r}) failed to decode, the "
+            f"last with: {self._bad[last]}. Check the files under {str(self.root)!r} (an "
+            "interrupted download or copy, files that are not images); on_bad_sample='skip' only skips occasional "
+            "bad files")
+
+    def _count_bad(self, path: str, error: CorruptImageError) -> None:
+        """Count a bad sample, warn the first time this process meets the file, stop past `max_bad_fraction`."""
+        self.bad_samples += 1
+        self.last_bad_file = path
+        if path not in self._bad:
+            self._bad[path] = str(error.__cause__ or error)
+            log.warning("ImageFolder: skipping corrupt image %r (%s); %d bad of %d samples tried in this process "
+                        "(pid %d)", path, self._bad[path], self.bad_samples, self.samples_tried, os.getpid())
+        limit = self.max_bad_fraction
+        least = math.ceil(1 / limit) if limit > 0 else 1
+        if self.bad_samples > math.floor(limit * max(self.samples_tried, least) + 1e-9):
+            raise CorruptImageError(
+                f"too many corrupt images: {self.bad_samples} of the {self.samples_tried} samples this process "
+                f"(pid {os.getpid()}) tried ({self.bad_samples / self.samples_tried:.1%}) could not be decoded, "
+                f"more than max_bad_fraction={limit:g} ({limit:.1%}; the share is judged over at least {least} "
+                f"samples); the last bad file was {path!r}: {error.__cause__ or error}. Fix or remove "
+                "the broken "
+                "files (each is named in a warning), or raise max_bad_fraction (1 skips any number of them)"
+            ) from error
 
     def _load(self, im: Image.Image) -> Image.Image:
         s = self.image_size

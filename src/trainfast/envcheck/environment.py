@@ -139,15 +139,26 @@ def loader_settings(loader: object) -> tuple[int | None, int | None]:
 
 
 def estimate_batch_bytes(loader: object) -> int | None:
-    """Bytes per batch for tensors already in memory (a TensorLoader or a loader over a TensorDataset), from
-    their shapes alone; None for anything else (finding out would mean loading a batch)."""
+    """Bytes per batch from shapes and declarations alone: tensors already in memory (a TensorLoader or a loader
+    over a TensorDataset), or a dataset that declares its `sample_bytes` (as trainfast's `ImageFolder`); None for
+    anything else (finding out would mean loading a batch)."""
     batch_size = _count(_attr(loader, "batch_size"))
-    tensors = _attr(loader, "tensors")
-    if tensors is None:
-        tensors = _attr(_attr(loader, "dataset"), "tensors")
-    if not batch_size or not isinstance(tensors, (tuple, list)) or not tensors:
+    if not batch_size:
         return None
-    if not all(isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] > 0 for t in tensors):
+    tensors = _attr(loader, "tensors")
+    dataset = _attr(loader, "dataset")
+    if tensors is None:
+        tensors = _attr(dataset, "tensors")
+    if isinstance(tensors, (tuple, list)):
+        return tensors_batch_bytes(tensors, batch_size)
+    per_sample = _count(_attr(dataset, "sample_bytes"))
+    return batch_size * per_sample if per_sample else None
+
+
+def tensors_batch_bytes(tensors: tuple[Any, ...] | list[Any], batch_size: int) -> int | None:
+    """Bytes in `batch_size` rows of `tensors` (all indexed along their first dimension), None if any is not
+    a non-empty tensor."""
+    if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] > 0 for t in tensors):
         return None
     return batch_size * sum(int(t.element_size()) * (int(t.numel()) // int(t.shape[0])) for t in tensors)
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, Literal, cast
@@ -13,9 +16,12 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from trainfast.data.images import Normalize
 from trainfast.device import device_kind
+from trainfast.envcheck.environment import tensors_batch_bytes
+from trainfast.loader import faults
 from trainfast.loader.auto import Auto, LoaderPlan, plan_loader
 from trainfast.loader.batches import EpochBatches, EpochLoader
 from trainfast.loader.cpus import available_cpus
+from trainfast.loader.faults import LoaderError, explain_failure, fit_shared_memory
 from trainfast.loader.memory import TensorLoader
 from trainfast.loader.seeding import seed_all, seeded
 
@@ -55,6 +61,9 @@ class Loader(EpochLoader):
     """Iterates batches like a DataLoader; each `iter()` is the next epoch unless `set_epoch` says otherwise.
 
     `start_at(b)` makes the next epoch begin at batch `b` (resume), `plan` says what was chosen and why.
+    A worker that hangs past `timeout_s`, a worker killed by a signal (out of memory, /dev/shm full) or too
+    many open files raise `LoaderError`, which names the causes and the fixes (the DataLoader's own error is
+    its `__cause__`); the workers are stopped first, and iterating again starts new ones.
     """
 
     def __init__(self, dataloader: DataLoader[Any], batches: EpochBatches, plan: LoaderPlan,
@@ -62,22 +71,66 @@ class Loader(EpochLoader):
         self.dataloader, self.batches, self.plan = dataloader, batches, plan
         self.dataset, self.normalize = dataset, normalize
         self.batch_size = batches.batch_size
+        self._live: weakref.ref[Iterator[Any]] | None = None  # this epoch's DataLoader iterator, for close()
 
     def __iter__(self) -> Iterator[Any]:
         self._begin_epoch()
-        return iter(self.dataloader)
+        it = iter(self.dataloader)
+        try:
+            self._live = weakref.ref(it)
+        except TypeError:  # an iterator without weak references (a wrapper): close() reaches persistent ones only
+            self._live = None
+        return _Explained(it, self)
 
     def close(self) -> None:
-        """Stop persistent workers now instead of whenever the loader is garbage-collected (they hold memory).
+        """Stop the workers now instead of whenever the loader is garbage-collected (they hold memory).
 
         Iterating again starts new workers.
         """
-        iterator = getattr(self.dataloader, "_iterator", None)
-        if iterator is not None:
-            self.dataloader._iterator = None
+        live = self._live() if self._live is not None else None
+        self._live = None
+        self._stop(live)
+
+    def _stop(self, it: Iterator[Any] | None) -> None:
+        """Shut down the workers of `it` (this epoch's iterator) and of the persistent iterator, if any."""
+        persistent = self.dataloader._iterator
+        self.dataloader._iterator = None
+        for iterator in (it, persistent):
             shutdown = getattr(iterator, "_shutdown_workers", None)
             if shutdown is not None:
                 shutdown()
+
+    def _explain(self, error: Exception) -> LoaderError | None:
+        return explain_failure(error, num_workers=self.plan.num_workers, prefetch_factor=self.plan.prefetch_factor,
+                               timeout_s=float(self.dataloader.timeout))
+
+
+class _Explained(Iterator[Any]):
+    """A DataLoader iterator whose failures become `LoaderError`s: one try/except around `next()`, nothing else
+    per batch."""
+
+    __slots__ = ("_it", "_loader")
+
+    def __init__(self, it: Iterator[Any], loader: Loader) -> None:
+        self._it, self._loader = it, loader
+
+    def __iter__(self) -> _Explained:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._it)
+        except Exception as e:
+            if isinstance(e, StopIteration):
+                raise
+            error = self._loader._explain(e)
+            if error is None:
+                raise
+            # a hung or dead worker leaves the iterator unusable: stop its workers (a hung one is terminated
+            # after torch's 5 s grace) so the next epoch starts fresh ones; never mask the error with another
+            with contextlib.suppress(Exception):
+                self._loader._stop(self._it)
+            raise error from e
 
 
 def _check_choice(name: str, value: Any, ok: bool, valid: str) -> None:
@@ -105,6 +158,11 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
     workers, prefetch, pinning and (for CPU training) intra-op threads from `trainfast tune`'s result for
     this dataset and batch size, falling back to "auto" when there is none.
 
+    With workers: `timeout_s` > 0 bounds the wait for each batch (a hung worker then raises `LoaderError`);
+    when /dev/shm is small (< 256 MiB free) or too small for workers x prefetch_factor batches (estimated for
+    tensors and for datasets with `sample_bytes`), prefetch_factor is lowered to 2 or 1 with a warning, and a
+    `LoaderError` is raised before any worker starts if even 1 cannot fit.
+
     >>> loader = make_loader(dataset, 64)          # doctest: +SKIP
     >>> for inputs, targets in loader: ...          # doctest: +SKIP
     """
@@ -113,6 +171,9 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
                   "'auto', 'tuned' or an integer >= 0")
     _check_choice("prefetch_factor", prefetch_factor, prefetch_factor == "auto" or _is_int(prefetch_factor, 1),
                   "'auto' or an integer >= 1")
+    _check_choice("timeout_s", timeout_s, isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
+                  and math.isfinite(timeout_s) and timeout_s >= 0,
+                  "a number of seconds >= 0 (0 waits for each batch forever)")
     target = _target_type(device)
     rank = int(os.environ.get("RANK", 0)) if rank is None else rank
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
@@ -142,6 +203,11 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
     if tensors is not None and not isinstance(dataset, Dataset):
         dataset = TensorDataset(*tensors)
     samples = cast(Dataset[Any], dataset)  # any sequence of samples works, as with DataLoader
+    if plan.num_workers > 0:  # before any worker starts: batches pass through /dev/shm
+        plan = _fit_shared_memory(plan, tensors, samples, batch_size)
+    elif timeout_s:
+        plan = replace(plan, reasons=(*plan.reasons, f"timeout_s={timeout_s:g} ignored: it bounds the wait for "
+                                      "worker processes and there are none"))
     batches = EpochBatches(n, batch_size, shuffle=shuffle, drop_last=plan.drop_last, seed=seed, rank=rank,
                            world_size=world_size)
     fetch = _SeededBatches(samples, collate_fn or torch.utils.data.default_collate)
@@ -158,6 +224,24 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
         generator=torch.Generator().manual_seed(seed), **extra)
     log.info("make_loader: %s", plan.describe())
     return Loader(dataloader, batches, plan, samples, norm)
+
+
+def _fit_shared_memory(plan: LoaderPlan, tensors: tuple[torch.Tensor, ...] | None, dataset: Any,
+                       batch_size: int) -> LoaderPlan:
+    """`faults.fit_shared_memory` with the free /dev/shm read now and the batch size estimated where it can be:
+    tensors from their shapes, a dataset that declares `sample_bytes` (as `ImageFolder`) from that."""
+    if tensors is not None:
+        batch_bytes = tensors_batch_bytes(tensors, batch_size)
+    else:
+        try:
+            per_sample = getattr(dataset, "sample_bytes", None)
+        except Exception:  # a dataset's __getattr__ may do anything: the estimate is optional
+            per_sample = None
+        batch_bytes = batch_size * per_sample if isinstance(per_sample, int) and _is_int(per_sample, 1) else None
+    plan, warning = fit_shared_memory(plan, faults.read_shm_bytes(), batch_bytes)
+    if warning:
+        log.warning("make_loader: %s", warning)
+    return plan
 
 
 def _tuned_settings(dataset: Any, batch_size: int, target: str) -> Any:

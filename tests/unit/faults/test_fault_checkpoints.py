@@ -78,7 +78,7 @@ def test_a_corrupt_last_checkpoint_falls_back_to_the_previous(tmp_path: Path, da
     else:
         data = data[: len(data) // 2]
     (tmp_path / "last.pt").write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match="last.pt"):
+    with pytest.raises(CheckpointError, match=r"last\.pt"):
         load_checkpoint(tmp_path / "last.pt")
     logger = logging.getLogger("trainfast")
     logger.addHandler(caplog.handler)
