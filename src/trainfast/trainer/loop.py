@@ -256,7 +256,7 @@ class Trainer:
             self._read_window()
         bar.loss = self.last_loss
         window = self.clock.summary(last=RATE_WINDOW)
-        bar.show(now, step=self.step, epoch=self.epoch, samples_per_s=window.samples_per_s,
+        bar.show(now, step=self.step, epoch=self.epoch, samples_per_s=window.samples_per_s * self.dist.world_size,
                  wait_fraction=window.data_wait_fraction)
 
     def _read_window(self) -> float | None:
