@@ -131,6 +131,8 @@ class Trainer:
         started = time.perf_counter()
         with ExitStack() as stack:  # each part undoes itself however fit ends
             distributed = stack.enter_context(process_group(self.dist, self.device))
+            if distributed:
+                self._check_sharding(train_loader)
             model = self._wrap(distributed)
             stack.enter_context(torch_settings(cpu_threads=self._cpu_threads(train_loader), tf32=self.precision.tf32,
                                                cudnn_benchmark=cfg.cudnn_benchmark if self.device.type == "cuda"
@@ -153,6 +155,16 @@ class Trainer:
             result = replace(result, monitor={name: s.to_json() for name, s in monitor.summary().items()})
         emit(self.callbacks, "on_fit_end", self, result)
         return result
+
+    def _check_sharding(self, loader: Iterable[Any]) -> None:
+        """Under DDP every rank must see its own shard; a plain DataLoader without a DistributedSampler does not."""
+        if getattr(loader, "batches", None) is not None:  # trainfast loaders shard by RANK/WORLD_SIZE themselves
+            return
+        sampler = getattr(loader, "sampler", None)
+        if not isinstance(sampler, torch.utils.data.DistributedSampler):
+            log.warning("distributed training with a loader that is not sharded: every rank will see the whole "
+                        "dataset each epoch. Use trainfast.make_loader(...) or DataLoader(..., "
+                        "sampler=DistributedSampler(dataset))")
 
     def _wrap(self, distributed: bool) -> nn.Module:
         """DDP first, then compile: compiling the DDP module lets dynamo split graphs at gradient buckets."""
