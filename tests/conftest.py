@@ -3,9 +3,11 @@ variable, a process group or a change to torch's global settings fails."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,18 @@ def _torch_owned(thread: threading.Thread) -> bool:
     target = getattr(thread, "_target", None)
     owner = getattr(target, "__module__", None) or type(thread).__module__
     return owner.startswith(("torch", "concurrent.futures", "tqdm"))
+
+
+@pytest.fixture
+def trainfast_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """caplog for the "trainfast" logger, which may not propagate to the root logger."""
+    logger = logging.getLogger("trainfast")
+    caplog.set_level(logging.INFO, logger="trainfast")
+    logger.addHandler(caplog.handler)
+    try:
+        yield caplog
+    finally:
+        logger.removeHandler(caplog.handler)
 
 
 @pytest.fixture(scope="session")

@@ -7,14 +7,13 @@ for the device: the loss is summed on the device and read only at log points.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -29,7 +28,6 @@ from trainfast.device import resolve_device
 from trainfast.envcheck.environment import preflight
 from trainfast.loader.auto import threads_beside_workers
 from trainfast.loader.cpus import available_cpus
-from trainfast.loader.prefetch import DevicePrefetcher
 from trainfast.loader.seeding import seed_all
 from trainfast.monitor import Monitor
 from trainfast.precision.policy import LossScaler, device_caps, resolve_precision
@@ -56,6 +54,7 @@ from trainfast.trainer.distributed import (
     gather,
     process_group,
 )
+from trainfast.trainer.feeding import batch_size, batches_per_epoch, check_sharding, closing, position, prefetch
 from trainfast.trainer.optimizer import default_optimizer
 from trainfast.trainer.progress import ProgressReporter
 from trainfast.trainer.result import FitResult
@@ -118,7 +117,7 @@ class Trainer:
         """Train for `config.epochs`. `resume=True` continues from the newest good checkpoint in `checkpoint_dir`
         (or a path); `trust_checkpoint=True` lets it unpickle arbitrary objects — only for files you made."""
         cfg = self.config
-        per_epoch = self._batches_per_epoch(train_loader)
+        per_epoch = batches_per_epoch(train_loader, cfg.limit_batches)
         total_steps = cfg.epochs * math.ceil(per_epoch / cfg.accumulate)
         self.scheduler = warmup_cosine(self.optimizer, cfg.warmup_steps, total_steps)
         if cfg.seed is not None:
@@ -132,13 +131,13 @@ class Trainer:
         with ExitStack() as stack:  # each part undoes itself however fit ends
             distributed = stack.enter_context(process_group(self.dist, self.device))
             if distributed:
-                self._check_sharding(train_loader)
+                check_sharding(train_loader)
             model = self._wrap(distributed)
             stack.enter_context(torch_settings(cpu_threads=self._cpu_threads(train_loader), tf32=self.precision.tf32,
                                                cudnn_benchmark=cfg.cudnn_benchmark if self.device.type == "cuda"
                                                else None))
             stop = stack.enter_context(StopSignal(parse_signals(cfg.stop_signals)))
-            stack.enter_context(_closing(train_loader, val_loader))
+            stack.enter_context(closing(train_loader, val_loader))
             monitor = stack.enter_context(Monitor()) if cfg.monitor else None
             bar = stack.enter_context(ProgressReporter(enabled=cfg.progress and self.dist.is_main,
                                                        total_steps=total_steps, interval_s=cfg.log_interval_s,
@@ -155,16 +154,6 @@ class Trainer:
             result = replace(result, monitor={name: s.to_json() for name, s in monitor.summary().items()})
         emit(self.callbacks, "on_fit_end", self, result)
         return result
-
-    def _check_sharding(self, loader: Iterable[Any]) -> None:
-        """Under DDP every rank must see its own shard; a plain DataLoader without a DistributedSampler does not."""
-        if getattr(loader, "batches", None) is not None:  # trainfast loaders shard by RANK/WORLD_SIZE themselves
-            return
-        sampler = getattr(loader, "sampler", None)
-        if not isinstance(sampler, torch.utils.data.DistributedSampler):
-            log.warning("distributed training with a loader that is not sharded: every rank will see the whole "
-                        "dataset each epoch. Use trainfast.make_loader(...) or DataLoader(..., "
-                        "sampler=DistributedSampler(dataset))")
 
     def _wrap(self, distributed: bool) -> nn.Module:
         """DDP first, then compile: compiling the DDP module lets dynamo split graphs at gradient buckets."""
@@ -197,7 +186,7 @@ class Trainer:
         cfg, clock, acc = self.config, self.clock, self.config.accumulate
         autocast = self.precision.autocast()  # reusable across steps (not re-entrant, not needed)
         model.train()
-        batches = iter(self._prefetch(self._position(loader)))
+        batches = iter(self._prefetch(position(loader, self.epoch, self.batch)))
         clock.resume()
         for b in range(self.batch, n_batches):
             asked = time.perf_counter()
@@ -221,7 +210,7 @@ class Trainer:
             self.batch = b + 1
             self._loss_sum.add_(loss.detach())  # stays on the device until a log point
             self._loss_count += 1
-            now = clock.step_done(_batch_size(batch))
+            now = clock.step_done(batch_size(batch))
             if boundary:
                 if self.step % cfg.log_every == 0:
                     self._log_point()
@@ -307,7 +296,7 @@ class Trainer:
             for i, batch in enumerate(self._prefetch(loader)):
                 if self.config.limit_val_batches is not None and i >= self.config.limit_val_batches:
                     break
-                n = _batch_size(batch)
+                n = batch_size(batch)
                 if self.step_fn is not None:
                     loss_sum += self.step_fn(model, batch).float() * n
                     classify = False
@@ -426,40 +415,8 @@ class Trainer:
             best_checkpoint=str(ckpt / "best.pt") if ckpt and (ckpt / "best.pt").exists() else None,
             skipped_steps=self.scaler.skipped_steps if self.scaler.enabled else 0, wall_s=wall_s)
 
-    def _batches_per_epoch(self, loader: Iterable[Any]) -> int:
-        limit = self.config.limit_batches
-        try:
-            n = len(loader)  # type: ignore[arg-type]
-        except TypeError:
-            if limit is None:
-                raise ConfigError("the training loader has no len(); set limit_batches so the learning-rate "
-                                  "schedule knows how long an epoch is") from None
-            return limit
-        if n == 0:
-            raise ConfigError("the training loader yields no batches (empty dataset, or drop_last with fewer "
-                              "samples than one batch)")
-        return n if limit is None else min(n, limit)
-
-    def _position(self, loader: Iterable[Any]) -> Iterable[Any]:
-        """Point the loader at (epoch, batch): exact and free for trainfast loaders, by reading ahead otherwise."""
-        set_epoch = getattr(loader, "set_epoch", None) or getattr(getattr(loader, "sampler", None), "set_epoch", None)
-        if set_epoch is not None:
-            set_epoch(self.epoch)
-        if self.batch == 0:
-            return loader
-        start_at = getattr(loader, "start_at", None)
-        if start_at is not None:
-            start_at(self.batch)
-            return loader
-        log.warning("resuming mid-epoch on a loader without start_at(): reading and discarding %d batches "
-                    "(use trainfast.make_loader for an exact, free resume)", self.batch)
-        return itertools.islice(loader, self.batch, None)
-
     def _prefetch(self, loader: Iterable[Any]) -> Iterable[Any]:
-        normalize = getattr(loader, "normalize", None)
-        if self.device.type == "cpu" and normalize is None and not self.channels_last:
-            return loader  # nothing to copy or convert: no extra layer in the hot loop
-        return DevicePrefetcher(loader, self.device, normalize=normalize, channels_last=self.channels_last)
+        return prefetch(loader, self.device, self.channels_last)
 
     def _cpu_threads(self, loader: Iterable[Any]) -> int | None:
         threads = self.config.cpu_threads
@@ -477,23 +434,6 @@ class Trainer:
         chosen = threads_beside_workers(cpus, workers)
         log.info("cpu_threads=%d: %d usable CPUs shared with %d loader worker(s)", chosen, cpus, workers)
         return chosen
-
-
-@contextmanager
-def _closing(*loaders: Iterable[Any] | None) -> Iterator[None]:
-    """Stop the loaders' persistent workers when fit ends, however it ends (they hold memory and processes)."""
-    try:
-        yield
-    finally:
-        for loader in loaders:
-            close = getattr(loader, "close", None)
-            if close is not None:
-                close()
-
-
-def _batch_size(batch: Any) -> int:
-    first = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else 1
 
 
 def resolve_channels_last(setting: bool | str, model: nn.Module, device: torch.device, mixed: bool) -> bool:

@@ -8,7 +8,6 @@ import errno
 import logging
 import re
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +39,6 @@ def broken(tmp_path: Path, tiny_images: Path) -> tuple[Path, dict[int, str]]:
     return root, bad
 
 
-@pytest.fixture
-def trainfast_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    """caplog for the "trainfast" logger, which may not propagate to the root logger."""
-    logger = logging.getLogger("trainfast")
-    caplog.set_level(logging.INFO, logger="trainfast")
-    logger.addHandler(caplog.handler)
-    try:
-        yield caplog
-    finally:
-        logger.removeHandler(caplog.handler)
 
 
 def next_good(index: int, n: int = 40) -> int:

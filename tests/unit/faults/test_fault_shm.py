@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,16 +41,6 @@ class Counting(Dataset[torch.Tensor]):
         return torch.tensor([float(i)])
 
 
-@pytest.fixture
-def trainfast_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    """caplog for the "trainfast" logger, which may not propagate to the root logger."""
-    logger = logging.getLogger("trainfast")
-    caplog.set_level(logging.INFO, logger="trainfast")
-    logger.addHandler(caplog.handler)
-    try:
-        yield caplog
-    finally:
-        logger.removeHandler(caplog.handler)
 
 
 def shm(monkeypatch: pytest.MonkeyPatch, free: int | None) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -198,16 +197,6 @@ def test_plain_sequence_of_samples_is_batched_or_refused_clearly() -> None:
 
 # ---------------------------------------------------------------------------------------------------------- logging
 
-@pytest.fixture
-def trainfast_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    """caplog for the "trainfast" logger, which may not propagate to the root logger."""
-    logger = logging.getLogger("trainfast")
-    caplog.set_level(logging.INFO, logger="trainfast")
-    logger.addHandler(caplog.handler)
-    try:
-        yield caplog
-    finally:
-        logger.removeHandler(caplog.handler)
 
 
 def _messages(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -389,13 +389,14 @@ def test_bad_stop_signals(bad: str) -> None:
 
 def test_an_unsharded_loader_is_flagged_for_distributed_runs(caplog: pytest.LogCaptureFixture) -> None:
     x, y = blobs(n=64)
-    trainer = Trainer(nn.Linear(8, 4), config=config())
+    from trainfast.trainer.feeding import check_sharding
+
     logger = __import__("logging").getLogger("trainfast")
     logger.addHandler(caplog.handler)
     try:
-        trainer._check_sharding(make_loader((x, y), 16))  # trainfast loaders shard themselves
+        check_sharding(make_loader((x, y), 16))  # trainfast loaders shard themselves
         assert "not sharded" not in caplog.text
-        trainer._check_sharding(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16))
+        check_sharding(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16))
     finally:
         logger.removeHandler(caplog.handler)
     assert "not sharded" in caplog.text and "DistributedSampler" in caplog.text

@@ -1,0 +1,84 @@
+"""How the Trainer is fed by a loader: epoch length, position (epoch, batch), prefetching, sharding, shutdown."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from trainfast.loader.prefetch import DevicePrefetcher
+from trainfast.trainer.config import ConfigError
+
+log = logging.getLogger("trainfast")
+
+
+def batches_per_epoch(loader: Iterable[Any], limit: int | None) -> int:
+    """Batches the Trainer takes from `loader` per epoch (its length, capped by `limit`)."""
+    try:
+        n = len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        if limit is None:
+            raise ConfigError("the training loader has no len(); set limit_batches so the learning-rate "
+                              "schedule knows how long an epoch is") from None
+        return limit
+    if n == 0:
+        raise ConfigError("the training loader yields no batches (empty dataset, or drop_last with fewer "
+                          "samples than one batch)")
+    return n if limit is None else min(n, limit)
+
+
+def position(loader: Iterable[Any], epoch: int, batch: int) -> Iterable[Any]:
+    """Point the loader at (epoch, batch): exact and free for trainfast loaders, by reading ahead otherwise."""
+    set_epoch = getattr(loader, "set_epoch", None) or getattr(getattr(loader, "sampler", None), "set_epoch", None)
+    if set_epoch is not None:
+        set_epoch(epoch)
+    if batch == 0:
+        return loader
+    start_at = getattr(loader, "start_at", None)
+    if start_at is not None:
+        start_at(batch)
+        return loader
+    log.warning("resuming mid-epoch on a loader without start_at(): reading and discarding %d batches "
+                "(use trainfast.make_loader for an exact, free resume)", batch)
+    return itertools.islice(loader, batch, None)
+
+
+def prefetch(loader: Iterable[Any], device: torch.device, channels_last: bool) -> Iterable[Any]:
+    """Batches on `device`, normalised, one ahead on CUDA; the loader itself when there is nothing to do."""
+    normalize = getattr(loader, "normalize", None)
+    if device.type == "cpu" and normalize is None and not channels_last:
+        return loader  # nothing to copy or convert: no extra layer in the hot loop
+    return DevicePrefetcher(loader, device, normalize=normalize, channels_last=channels_last)
+
+
+def check_sharding(loader: Iterable[Any]) -> None:
+    """Under DDP every rank must see its own shard; a plain DataLoader without a DistributedSampler does not."""
+    if getattr(loader, "batches", None) is not None:  # trainfast loaders shard by RANK/WORLD_SIZE themselves
+        return
+    sampler = getattr(loader, "sampler", None)
+    if not isinstance(sampler, torch.utils.data.DistributedSampler):
+        log.warning("distributed training with a loader that is not sharded: every rank will see the whole "
+                    "dataset each epoch. Use trainfast.make_loader(...) or DataLoader(..., "
+                    "sampler=DistributedSampler(dataset))")
+
+
+@contextmanager
+def closing(*loaders: Iterable[Any] | None) -> Iterator[None]:
+    """Stop the loaders' persistent workers when fit ends, however it ends (they hold memory and processes)."""
+    try:
+        yield
+    finally:
+        for loader in loaders:
+            close = getattr(loader, "close", None)
+            if close is not None:
+                close()
+
+
+def batch_size(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor."""
+    first = batch[0] if isinstance(batch, (tuple, list)) else batch
+    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else 1
