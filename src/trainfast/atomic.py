@@ -61,10 +61,15 @@ def atomic_copy(src: str | Path, dst: str | Path) -> Path:
     return atomic_write(dst, copy)
 
 
-def write_json(path: str | Path, payload: dict[str, Any]) -> Path:
-    """`payload` as indented JSON, written atomically (a reader never sees half a file)."""
-    data = (json.dumps(payload, indent=2, default=str) + "\n").encode()
+def write_text(path: str | Path, text: str) -> Path:
+    """`text` (UTF-8) written atomically."""
+    data = text.encode()
 
     def write(f: BinaryIO) -> None:
         f.write(data)
     return atomic_write(path, write)
+
+
+def write_json(path: str | Path, payload: dict[str, Any]) -> Path:
+    """`payload` as indented JSON, written atomically (a reader never sees half a file)."""
+    return write_text(path, json.dumps(payload, indent=2, default=str) + "\n")

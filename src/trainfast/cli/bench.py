@@ -7,13 +7,13 @@ import argparse
 import shlex
 import time
 from pathlib import Path
-from typing import BinaryIO
 
 from rich.console import Console
 
-from trainfast.atomic import atomic_write, write_json
+from trainfast.atomic import write_json, write_text
 from trainfast.bench.sweeps import FULL_BENCH, QUICK_BENCH, run_bench, worker_counts
 from trainfast.bench.tables import render, to_markdown
+from trainfast.cli.flags import check_data_root
 from trainfast.data.images import ImageFolder
 from trainfast.data.synthetic import ensure_demo_dataset
 from trainfast.loader.cpus import available_cpus
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         write_json(args.json, report)
         console.print(f"wrote {args.json}", markup=False, highlight=False)
     if args.markdown is not None:
-        _write_text(args.markdown, to_markdown(report))
+        write_text(args.markdown, to_markdown(report))
         console.print(f"wrote {args.markdown}", markup=False, highlight=False)
     if args.plot is not None:
         from trainfast.bench.plot import plot_report
@@ -102,20 +102,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
-def _write_text(path: Path, text: str) -> None:
-    data = text.encode()
-
-    def write(f: BinaryIO) -> None:
-        f.write(data)
-    atomic_write(path, write)
-
-
 def _check_data(root: Path, parser: argparse.ArgumentParser) -> None:
-    if not root.is_dir():
-        parser.error(f"--data {str(root)!r} does not exist; give a folder holding train/<class>/<image>")
-    if not (root / "train").is_dir():
-        parser.error(f"--data {str(root)!r} has no 'train' folder; expected {root}/train/<class>/<image> "
-                     f"and optionally {root}/val/<class>/<image>")
+    check_data_root(root, parser)
     try:
         ImageFolder(root / "train")
     except (FileNotFoundError, ValueError) as e:

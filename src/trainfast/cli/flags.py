@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 
@@ -88,3 +89,12 @@ def config_values(args: argparse.Namespace, cls: type, *, skip: tuple[str, ...] 
     """The parsed values of `cls`'s fields, ready for `cls(**values)`."""
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
             if f.name not in skip and hasattr(args, f.name)}
+
+
+def check_data_root(root: Path, parser: argparse.ArgumentParser) -> None:
+    """`--data ROOT` must hold ROOT/train/<class>/<image>: exit 2 naming what is missing otherwise."""
+    if not root.is_dir():
+        parser.error(f"--data {str(root)!r} does not exist; give a folder holding train/<class>/<image>")
+    if not (root / "train").is_dir():
+        parser.error(f"--data {str(root)!r} has no 'train' folder; expected {root}/train/<class>/<image> "
+                     f"and optionally {root}/val/<class>/<image>")

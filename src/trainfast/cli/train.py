@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from trainfast.atomic import write_json
-from trainfast.cli.flags import add_config_flags, config_values, positive_int, workers_arg
+from trainfast.cli.flags import add_config_flags, check_data_root, config_values, positive_int, workers_arg
 from trainfast.data.images import ImageFolder
 from trainfast.data.models import MODELS, build_model
 from trainfast.data.synthetic import SIZES, ensure_demo_dataset
@@ -57,11 +57,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.resume and not config.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir DIR (where last.pt is kept)")
     root = args.data.expanduser() if args.data else ensure_demo_dataset(args.demo_size)
-    if not root.is_dir():
-        parser.error(f"--data {str(root)!r} does not exist; give a folder holding train/<class>/<image>")
-    if not (root / "train").is_dir():
-        parser.error(f"--data {str(root)!r} has no 'train' folder; expected {root}/train/<class>/<image> "
-                     f"and optionally {root}/val/<class>/<image>")
+    check_data_root(root, parser)
     try:
         train_set = ImageFolder(root / "train", image_size=args.image_size)
         has_val = (root / "val").is_dir()

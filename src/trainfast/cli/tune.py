@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainfast.atomic import write_json
-from trainfast.cli.flags import positive_int
+from trainfast.cli.flags import check_data_root, positive_int
 from trainfast.data.images import ImageFolder
 from trainfast.data.models import MODELS, build_model
 from trainfast.data.synthetic import SIZES, ensure_demo_dataset
@@ -49,8 +49,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.budget_s <= 0:
         parser.error(f"--budget-s {args.budget_s} is not valid; give a positive number of seconds")
     root = args.data.expanduser() if args.data else ensure_demo_dataset(args.demo_size)
-    if not (root / "train").is_dir():
-        parser.error(f"--data {str(root)!r} has no 'train' folder; expected {root}/train/<class>/<image>")
+    check_data_root(root, parser)
     try:
         device = resolve_device(args.device)
         dataset = ImageFolder(root / "train", image_size=args.image_size)
