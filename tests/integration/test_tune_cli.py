@@ -28,7 +28,7 @@ def test_tune_then_train_with_the_tuned_loader(tiny_images: Path, cache_dir: Pat
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["tune", "--budget-s", "0"], "--budget-s 0.0 is not valid"),
-    (["tune", "--data", "/nonexistent/x"], "has no 'train' folder"),
+    (["tune", "--data", "/nonexistent/x"], "does not exist"),
     (["tune", "--device", "tpu"], "device='tpu' is not valid"),
 ])
 def test_tune_bad_input(argv: list[str], message: str, capsys: pytest.CaptureFixture[str],
