@@ -1,24 +1,30 @@
-"""The verdict: which part of a training step limits it. Pure functions over measured fractions.
+"""The verdict: which part of a training step limits it, and how much is at stake. Pure functions.
 
-Each threshold is a named constant with where it comes from. On a CPU-only run the same verdicts apply,
-"compute" being the model step on the CPU.
+Each part other than compute (data wait, transfer, host) is judged by the most removing it could give
+(Amdahl: a part taking share s of the step caps the gain at 1 / (1 - s)). A part is *the limit* when that
+cap is at least 1.33x (a quarter of the step); it is a *small cost* below 1.18x (15 %); in between no single
+part dominates ("balanced"). The gap between the two bars is the stability band: a share measured at 10 %
+in one run and 12 % in the next gives the same verdict, where a single 5 % switch flipped. With per-step
+intervals (bootstrap over the measured steps), a part must be the limit at the interval's lower end and
+small at its upper end, so a noisy measurement reads "balanced" rather than a confident wrong verdict.
+On a CPU-only run the same verdicts apply, "compute" being the model step on the CPU.
 """
 
 from __future__ import annotations
 
+import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-# PyTorch's TensorBoard profiler plugin flagged a DataLoader bottleneck when data wait exceeded 5 % of
-# the step; the same bar here.
+# A part is the limit when removing it would make the step at least 1 / (1 - 0.25) = 1.33x faster.
+LIMIT_SHARE = 0.25
+# A part below this is a small cost: removing it gains less than 1 / (1 - 0.15) = 1.18x.
+SMALL_SHARE = 0.15
+# PyTorch's TensorBoard profiler plugin flagged a DataLoader bottleneck when data wait exceeded 5 % of the
+# step: loader fixes are worth proposing (and measuring) above it, even when the verdict is compute-bound.
 DATA_WAIT_BOUND = 0.05
-# A tenth of the step blocked in host-to-device copies: pinned memory + non_blocking copies on a side
-# stream (DevicePrefetcher) would hide nearly all of it.
-TRANSFER_BOUND = 0.10
-# A fifth of the step in Python between optimizer steps (logging, metrics, checkpoints, tiny kernels):
-# the device sits idle for that long every step.
+# A fifth of the step in Python between optimizer steps: a larger batch amortises it.
 HOST_BOUND = 0.20
-# At or above this share of the step in forward/backward/optimizer, the device (or the CPU) is the limit.
-COMPUTE_BOUND = 0.85
 # NVML utilisation only says *some* kernel ran in the sample window; below half, with no data wait,
 # the GPU is starved by the host.
 LOW_GPU_UTIL = 50.0
@@ -28,6 +34,13 @@ REPLAY_POSSIBLE = 1.5
 REPLAY_CERTAIN = 1.1
 
 VERDICTS = ("input-bound", "transfer-bound", "host-bound", "compute-bound", "balanced")
+PARTS = ("data_wait", "transfer", "host")
+# part -> (verdict, what the step waits for, where the gain would come from)
+_PART_TEXT = {
+    "data_wait": ("input-bound", "the step waits for the next batch", "from the input pipeline"),
+    "transfer": ("transfer-bound", "the step waits for host-to-device copies", "from the copies"),
+    "host": ("host-bound", "Python between steps keeps the device idle", "from the host work"),
+}
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,9 @@ class Fractions:
         wait, transfer, host = wait_s / total_s, transfer_s / total_s, host_s / total_s
         return cls(wait, transfer, host, max(0.0, 1.0 - wait - transfer - host))
 
+    def share(self, part: str) -> float:
+        return float(getattr(self, part))
+
     def to_json(self) -> dict[str, float]:
         return {"data_wait": self.data_wait, "transfer": self.transfer, "host": self.host, "compute": self.compute}
 
@@ -56,12 +72,39 @@ class Verdict:
     reason: str
 
 
-def classify(f: Fractions, *, device: str, gpu_util: float | None = None,
-             loader_headroom: float | None = None) -> Verdict:
+def max_speedup(share: float) -> float:
+    """The whole step's gain if a part taking `share` of it took no time at all (Amdahl's bound)."""
+    return 1.0 / max(1.0 - share, 1e-3)
+
+
+def max_speedups(f: Fractions) -> dict[str, float]:
+    return {part: max_speedup(f.share(part)) for part in PARTS}
+
+
+def share_interval(parts: Sequence[float], totals: Sequence[float], *, confidence: float = 0.9,
+                   resamples: int = 400, seed: int = 0) -> tuple[float, float]:
+    """Bootstrap interval of sum(parts) / sum(totals) over steps (seeded: the same steps, the same interval)."""
+    if len(parts) != len(totals) or not totals:
+        raise ValueError(f"need one part per step and at least one step, got {len(parts)} and {len(totals)}")
+    rng = random.Random(seed)
+    n = len(totals)
+    shares = []
+    for _ in range(resamples):
+        picks = [rng.randrange(n) for _ in range(n)]
+        total = sum(totals[i] for i in picks)
+        shares.append(sum(parts[i] for i in picks) / total if total > 0 else 0.0)
+    shares.sort()
+    tail = (1 - confidence) / 2
+    return shares[int(tail * (resamples - 1))], shares[int((1 - tail) * (resamples - 1))]
+
+
+def classify(f: Fractions, *, device: str, gpu_util: float | None = None, loader_headroom: float | None = None,
+             intervals: Mapping[str, tuple[float, float]] | None = None) -> Verdict:
     """The limiting part of the step.
 
-    `gpu_util`: mean NVML utilisation (%) while measuring, if known. `loader_headroom`: the loader's
-    throughput replayed alone divided by the training throughput, if measured.
+    `gpu_util`: mean GPU utilisation (%) while measuring, if known. `loader_headroom`: the loader's throughput
+    replayed alone divided by the training throughput, if measured. `intervals`: (low, high) of each part's
+    share over the measured steps (`share_interval`); without them the shares are taken as exact.
     """
     pct = f"data wait {f.data_wait:.0%}, transfer {f.transfer:.0%}, host {f.host:.0%}, compute {f.compute:.0%}"
     if loader_headroom is not None and loader_headroom <= REPLAY_CERTAIN:
@@ -70,25 +113,31 @@ def classify(f: Fractions, *, device: str, gpu_util: float | None = None,
     # A loader replayed alone at more than 1.5x the training rate cannot be what limits training: what data
     # wait remains is jitter (a slow batch now and then), not throughput.
     loader_fast = loader_headroom is not None and loader_headroom > REPLAY_POSSIBLE
-    wait_bound = 1.0 if loader_fast else DATA_WAIT_BOUND
-    wasted = [(share, name, why) for share, name, why, bound in (
-        (f.data_wait, "input-bound", "the step waits for the next batch", wait_bound),
-        (f.transfer, "transfer-bound", "the step waits for host-to-device copies", TRANSFER_BOUND),
-        (f.host, "host-bound", "Python between optimizer steps keeps the device idle", HOST_BOUND),
-    ) if share > bound]
-    if wasted:
-        share, name, why = max(wasted)
-        return Verdict(name, f"{why}: {share:.0%} of each step; {pct}")
+    parts = [p for p in PARTS if not (p == "data_wait" and loader_fast)]
+
+    def low_high(part: str) -> tuple[float, float]:
+        share = f.share(part)
+        return intervals.get(part, (share, share)) if intervals else (share, share)
+
+    limits = [p for p in parts if low_high(p)[0] >= LIMIT_SHARE]
+    if limits:
+        part = max(limits, key=f.share)
+        name, why, source = _PART_TEXT[part]
+        return Verdict(name, f"{why}: {f.share(part):.0%} of each step, up to {max_speedup(f.share(part)):.2f}x "
+                             f"{source}; {pct}")
     if device == "cuda" and gpu_util is not None and gpu_util < LOW_GPU_UTIL:
         return Verdict("host-bound", f"GPU busy only {gpu_util:.0f}% of the time while the step is not waiting on "
                                      f"data: launch overhead, small kernels or syncs; {pct}")
-    jitter = ""
+    costs = [f"{p.replace('_', ' ')} {f.share(p):.0%} (<= {max_speedup(f.share(p)):.2f}x {_PART_TEXT[p][2]})"
+             for p in parts if f.share(p) >= 0.01]
+    hint = ""
     if loader_fast and f.data_wait > DATA_WAIT_BOUND:
-        jitter = f"; the {f.data_wait:.0%} data wait is jitter: the loader alone is {loader_headroom:.1f}x faster"
-    if f.compute + (f.data_wait if loader_fast else 0.0) >= COMPUTE_BOUND:
-        where = "the model step on the CPU" if device == "cpu" else "the GPU"
-        return Verdict("compute-bound", f"{where} takes {f.compute:.0%} of each step; {pct}{jitter}")
-    hint = jitter
-    if loader_headroom is not None and loader_headroom <= REPLAY_POSSIBLE:
+        hint = f"; the {f.data_wait:.0%} data wait is jitter: the loader alone is {loader_headroom:.1f}x faster"
+    elif loader_headroom is not None and loader_headroom <= REPLAY_POSSIBLE:
         hint = f"; the loader alone is only {loader_headroom:.2f}x faster than training: a possible bottleneck"
-    return Verdict("balanced", f"no single part dominates ({pct}){hint}")
+    if all(low_high(p)[1] < SMALL_SHARE for p in parts):
+        where = "the model step on the CPU" if device == "cpu" else "the GPU"
+        small = f", with small costs: {', '.join(costs)}" if costs else ""
+        return Verdict("compute-bound", f"{where} takes {f.compute:.0%} of each step{small}; {pct}{hint}")
+    return Verdict("balanced", f"no single part dominates: compute {f.compute:.0%}, {', '.join(costs)}; "
+                               f"{pct}{hint}")

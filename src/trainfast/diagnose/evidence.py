@@ -71,4 +71,8 @@ class Evidence:
     wait_spike_ratio: float | None = None  # p95 / median data wait per step
     loader_headroom: float | None = None  # loader replayed alone / training throughput (diagnose() measures it)
     worker_rss_growth_per_min: float | None = None
+    # (threads, compute time at that thread count / compute time as the script ran): measured by the runner
+    # on the CPU before it proposes a loader fix that takes intra-op threads from the model step
+    thread_probe: tuple[int, float] | None = None
+    input_source: str | None = None  # "loader" or "script" (no DataLoader: input prepared in the loop)
     notes: tuple[str, ...] = field(default=())

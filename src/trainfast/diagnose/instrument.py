@@ -3,8 +3,13 @@
 What is patched, and why each is cheap enough (one `perf_counter` pair or a counter per call):
 - `DataLoader.__iter__` (and trainfast's `TensorLoader.__iter__`): the iterator is wrapped to time each
   `next()` (data wait), the worker start-up of each epoch (`iter()` to first batch) and the batch bytes.
-- torch's global optimizer step hook: a step ends when an optimizer step ends (plain loops, the Trainer,
-  Lightning all call `optimizer.step()`).
+- torch's global optimizer step hook and `torch.autograd.backward`: the signals that end a step (see
+  timeline.py for what defines one). `GradScaler.step` counts as an optimizer step when it skips one.
+- a forward pre-hook on each root module (one no other module contains): the model's first forward starts
+  an iteration when no loader feeds it, and its input's leading dimension counts samples. Roots are found
+  once by walking the garbage collector's objects (~0.1 s, when the first batch, backward, optimizer step or
+  sync is seen), not with torch's global module hooks: those cost ~2.4 us per submodule call here and make
+  `torch.compile` warn and recompile when they are removed.
 - `Tensor.item` / `tolist` / `__float__` / `__int__`: counted and timed, they are host syncs on a GPU.
 - `Tensor.to` / `Tensor.cuda` (only where CUDA exists): host time blocked in host-to-device copies.
 - `autocast.__enter__`, `GradScaler.step`, JPEG `load()` in this process: what the script uses (mixed
@@ -14,9 +19,11 @@ What is patched, and why each is cheap enough (one `perf_counter` pair or a coun
 
 from __future__ import annotations
 
+import gc
 import math
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -24,12 +31,14 @@ from typing import Any
 
 import torch
 from PIL import ImageFile
+from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainfast.diagnose.evidence import LoaderStats
 from trainfast.diagnose.timeline import Timeline
 from trainfast.loader.memory import TensorLoader
+from trainfast.samples import batch_samples, first_leaf
 
 
 @dataclass
@@ -47,6 +56,7 @@ class Observations:
     jpeg_decoded_pixels: list[int] = field(default_factory=list)
     syncs: int = 0
     threads: int = 0  # torch intra-op threads when training started
+    probe_threads: int | None = None  # the thread count the runner measured a few extra steps at
 
     def scaler_skipped(self) -> int:
         """Optimizer steps the GradScaler skipped (reading it synchronises: report time only)."""
@@ -62,8 +72,8 @@ def dynamo_counts() -> dict[str, int]:
     return {"frames": int(counters["frames"].get("ok", 0)), "graph_breaks": int(sum(counters["graph_break"].values()))}
 
 
-def _batch_info(batch: Any) -> tuple[int, int, tuple[int, int] | None]:
-    """(samples, bytes, (H, W) of a 4-D first tensor) of a batch of tensors nested in tuples/lists/dicts."""
+def _batch_info(batch: Any) -> tuple[int, tuple[int, int] | None]:
+    """(bytes, (H, W) of a 4-D first tensor) of a batch of tensors nested in tuples/lists/dicts."""
     tensors: list[torch.Tensor] = []
 
     def walk(x: Any) -> None:
@@ -77,16 +87,26 @@ def _batch_info(batch: Any) -> tuple[int, int, tuple[int, int] | None]:
                 walk(y)
 
     walk(batch)
-    if not tensors:
-        return 0, 0, None
-    first = tensors[0]
-    samples = int(first.shape[0]) if first.dim() > 0 else 1
-    hw = (int(first.shape[-2]), int(first.shape[-1])) if first.dim() == 4 else None
-    return samples, sum(t.numel() * t.element_size() for t in tensors), hw
+    first = first_leaf(batch)
+    hw = (int(first.shape[-2]), int(first.shape[-1])) if first is not None and first.ndim == 4 else None
+    return sum(t.numel() * t.element_size() for t in tensors), hw
+
+
+def root_modules() -> list[nn.Module]:
+    """Every live module that is no other module's child: the models (and loss modules) a script calls."""
+    with warnings.catch_warnings():  # type() rather than isinstance(): some lazy torch objects warn on __class__
+        warnings.simplefilter("ignore")
+        modules = [o for o in gc.get_objects() if issubclass(type(o), nn.Module)]
+    children: set[int] = set()
+    for module in modules:
+        children.update(id(c) for c in vars(module).get("_modules", {}).values() if c is not None)
+    # torch.fx / dynamo's graph modules are torch.compile's insides, called within the compiled frame
+    return [m for m in modules if id(m) not in children and not type(m).__module__.startswith(("torch.fx", "torch._"))]
 
 
 class DeviceEvents:
-    """CUDA events recorded when a step's first batch arrives and when its optimizer step ends.
+    """CUDA events recorded when a step's first input arrives and each time its work ends (an optimizer step,
+    a backward); the last such pair of a step is kept when the step closes.
 
     The device time between them is the step's work on the GPU (plus any gaps inside the step); read once,
     at report time, after one synchronize. Recording an event costs a few microseconds and never syncs.
@@ -95,6 +115,7 @@ class DeviceEvents:
     def __init__(self, make_event: Callable[[], Any] | None = None) -> None:
         self._make = make_event or (lambda: torch.cuda.Event(enable_timing=True))
         self._start: Any = None
+        self._end: Any = None
         self.pairs: list[tuple[Any, Any]] = []
 
     def batch_ready(self) -> None:
@@ -102,14 +123,15 @@ class DeviceEvents:
             self._start = self._make()
             self._start.record()
 
-    def step_end(self, measured: bool) -> None:
-        if self._start is None:
-            return
-        end = self._make()
-        end.record()
-        if measured:
-            self.pairs.append((self._start, end))
-        self._start = None
+    def work_done(self) -> None:
+        if self._start is not None:
+            self._end = self._make()
+            self._end.record()
+
+    def step_closed(self, measured: bool) -> None:
+        if measured and self._start is not None and self._end is not None:
+            self.pairs.append((self._start, self._end))
+        self._start = self._end = None
 
     def device_seconds(self) -> list[float]:
         if self.pairs:
@@ -120,34 +142,38 @@ class DeviceEvents:
 class _TimedIterator:
     """Wraps a loader's iterator: times each `next()`; everything else passes through."""
 
-    def __init__(self, it: Iterator[Any], stats: LoaderStats, timeline: Timeline, started: float,
-                 on_batch: Callable[[], None] | None = None) -> None:
-        self._it, self._stats, self._timeline, self._started = it, stats, timeline, started
-        self._on_batch = on_batch
+    def __init__(self, it: Iterator[Any], stats: LoaderStats, inst: Instrumentation, started: float) -> None:
+        self._it, self._stats, self._inst, self._started = it, stats, inst, started
         self._first = True
 
     def __iter__(self) -> _TimedIterator:
         return self
 
     def __next__(self) -> Any:
+        inst = self._inst
+        inst.discover("batch")
         asked = perf_counter()
-        batch = next(self._it)
+        inst.fetching = True  # forwards inside the dataset (a transform module) are not the model's
+        try:
+            batch = next(self._it)
+        finally:
+            inst.fetching = False
         got = perf_counter()
         stats = self._stats
         if self._first:
             self._first = False
             stats.startup_s.append(got - self._started)
             if stats.batch_bytes is None:
-                _, stats.batch_bytes, stats.image_hw = _batch_info(batch)
+                stats.batch_bytes, stats.image_hw = _batch_info(batch)
         stats.batches += 1
         stats.wait_s += got - asked
         if not torch.is_grad_enabled():  # an evaluation pass (validation runs under no_grad / inference_mode)
             stats.evaluation_batches += 1
-            self._timeline.evaluation_fetch()
+            inst.timeline.evaluation_fetch()
             return batch
-        self._timeline.fetched(asked, got, _first_dim(batch, stats.batch_size or 0))
-        if self._on_batch is not None:
-            self._on_batch()
+        inst.timeline.fetched(asked, got, batch_samples(batch, stats.batch_size or 0))
+        if inst.device_events is not None:
+            inst.device_events.batch_ready()
         return batch
 
     def __len__(self) -> int:
@@ -155,11 +181,6 @@ class _TimedIterator:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._it, name)
-
-
-def _first_dim(batch: Any, default: int) -> int:
-    first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
-    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else default
 
 
 def describe_loader(loader: Any, index: int) -> LoaderStats:
@@ -192,11 +213,11 @@ class Instrumentation:
     """Install the hooks on entry, remove every one on exit (also when the script raises)."""
 
     def __init__(self, timeline: Timeline, *, time_transfers: bool | None = None,
-                 on_loader: Callable[[Any], None] | None = None, optimizer_hook: bool = True,
-                 device_events: DeviceEvents | None = None) -> None:
+                 on_loader: Callable[[Any], None] | None = None, device_events: DeviceEvents | None = None) -> None:
         self.timeline = timeline
         self.on_loader = on_loader  # called before each iter() of a loader: the pre-flight checks
-        self.optimizer_hook = optimizer_hook  # False: the caller ends steps itself (diagnose() with a step_fn)
+        self.fetching = False  # inside a timed loader's next()
+        timeline.on_close = self._step_closed
         self.time_transfers = torch.cuda.is_available() if time_transfers is None else time_transfers
         # GPU time per step from CUDA events, where there is a GPU
         self.device_events = device_events or (DeviceEvents() if torch.cuda.is_available() else None)
@@ -205,6 +226,8 @@ class Instrumentation:
         self._by_loader: dict[int, LoaderStats] = {}
         self._keep_alive: list[Any] = []  # loaders described: their id() must stay unique while measuring
         self._undo: list[Callable[[], None]] = []
+        self._hooked: set[int] = set()  # root modules with our forward pre-hook
+        self._discovered_on: set[str] = set()
 
     # ---- patch bookkeeping
     def _patch(self, owner: Any, name: str, replacement: Any) -> Any:
@@ -231,6 +254,8 @@ class Instrumentation:
     def __exit__(self, *exc: object) -> None:
         while self._undo:
             self._undo.pop()()
+        self.timeline.finish()  # the last step, waiting for an iteration that will not come
+        self._keep_alive.clear()  # torch may keep our hooks (and so self) alive: never the script's loaders
 
     def stats_for(self, loader: Any) -> LoaderStats:
         stats = self._by_loader.get(id(loader))
@@ -254,23 +279,32 @@ class Instrumentation:
                 if stats.epochs == 0:
                     self._keep_alive.append(loader)
                 stats.epochs += 1
-                on_batch = self.device_events.batch_ready if self.device_events else None
-                return _TimedIterator(it, stats, timeline, started, on_batch)
+                return _TimedIterator(it, stats, self, started)
             return timed_iter
 
         for owner in (DataLoader, TensorLoader):
             self._patch(owner, "__iter__", wrap_iter(owner.__iter__))
 
-        end_step = self.end_step if self.optimizer_hook else None
-
         def on_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            self.optimizer_stepped += 1
             if observed.device is None:
                 self._describe_model(optimizer)
-            if end_step is not None:
-                end_step()
+            self.discover("optimizer step")
+            timeline.optimizer_step(optimizer)
+            self._work_done()
 
+        self.optimizer_stepped = 0
         handle = register_optimizer_step_post_hook(on_step)
         self._undo.append(handle.remove)
+        backward = torch.autograd.backward
+
+        def counted_backward(*args: Any, **kwargs: Any) -> Any:
+            out = backward(*args, **kwargs)
+            self.discover("backward")
+            timeline.backward()
+            self._work_done()
+            return out
+        self._patch(torch.autograd, "backward", counted_backward)
         if timeline.warmup_steps == 0:
             observed.dynamo_at_warmup = dynamo_counts()
 
@@ -282,12 +316,44 @@ class Instrumentation:
         self._observe_precision_and_compile()
 
     def end_step(self) -> None:
-        timeline = self.timeline
-        if timeline.steps_seen + 1 == timeline.warmup_steps:
+        """End a step now: for callers that define steps themselves (`Timeline(explicit_steps=True)`)."""
+        self._work_done()
+        self.timeline.step_end()
+
+    def _work_done(self) -> None:
+        if self.device_events is not None:
+            self.device_events.work_done()
+
+    def _step_closed(self, measured: bool) -> None:
+        """The timeline closed a step: keep the compile counters and CUDA events in step with it."""
+        if not self.observed.dynamo_at_warmup and self.timeline.measuring:
             self.observed.dynamo_at_warmup = dynamo_counts()
         if self.device_events is not None:
-            self.device_events.step_end(measured=timeline.steps_seen + 1 > timeline.warmup_steps)
-        timeline.step_end()
+            self.device_events.step_closed(measured)
+
+    def discover(self, trigger: str) -> None:
+        """Hook the root modules, the first time each kind of event is seen, until a forward has been seen."""
+        if trigger in self._discovered_on or self.timeline.forwards:
+            return
+        self._discovered_on.add(trigger)
+        started = perf_counter()
+        for module in root_modules():
+            if id(module) in self._hooked:
+                continue
+            try:
+                handle = module.register_forward_pre_hook(self._on_forward, with_kwargs=True)
+            except (RuntimeError, AttributeError, TypeError):  # a scripted module takes no Python hooks
+                continue
+            self._hooked.add(id(module))
+            self._undo.append(handle.remove)
+        self.timeline.pause(perf_counter() - started)
+
+    def _on_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self.fetching or not torch.is_grad_enabled():  # a dataset's transform, or an evaluation pass
+            return
+        self.timeline.forward(perf_counter(), batch_samples((args, kwargs), 0))
+        if self.device_events is not None:
+            self.device_events.batch_ready()
 
     def _counting_sync(self, original: Callable[..., Any]) -> Callable[..., Any]:
         timeline, observed = self.timeline, self.observed
@@ -296,6 +362,7 @@ class Instrumentation:
             # torch's own calls (e.g. AdamW reading its step count on the CPU) are not the script's to fix
             if sys._getframe(1).f_globals.get("__name__", "").startswith("torch"):
                 return original(tensor, *args, **kwargs)
+            self.discover("sync")
             started = time.perf_counter()
             out = original(tensor, *args, **kwargs)
             observed.syncs += 1
@@ -331,7 +398,11 @@ class Instrumentation:
         scaler_step = scaler_cls.step
 
         def step(scaler: Any, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+            stepped = self.optimizer_stepped
             out = scaler_step(scaler, optimizer, *args, **kwargs)
+            if self.optimizer_stepped == stepped:  # inf/NaN gradients: the scaler skipped the step, still a step
+                self.timeline.optimizer_step(optimizer)
+                self._work_done()
             if scaler.is_enabled():
                 observed.scaler_steps += 1
                 state = scaler._per_optimizer_states.get(id(optimizer), {})

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from trainfast.diagnose.classify import DATA_WAIT_BOUND, HOST_BOUND, REPLAY_POSSIBLE
 from trainfast.diagnose.evidence import Evidence, LoaderStats
@@ -29,6 +30,8 @@ IN_MEMORY_SPEEDUP = 10.0
 DRAFT_DECODE_SAVING = 0.45
 # /dev/shm holds each worker's prefetched batches and the one being written.
 SHM_MARGIN = 2
+# A fix estimated below this is within the noise of a re-measurement: not worth proposing.
+MIN_GAIN = 1.02
 
 
 @dataclass(frozen=True)
@@ -38,10 +41,17 @@ class Recommendation:
     why: str
     fix: str
     expected_gain: float | None
+    # What `trainfast doctor --verify` injects to measure the fix without editing the script (None: it can't):
+    # DataLoader keyword arguments (num_workers, pin_memory, persistent_workers, prefetch_factor) and
+    # "threads" (intra-op threads), "cudnn_benchmark", "tf32".
+    overrides: dict[str, Any] | None = field(default=None, compare=False)
+    measured_gain: float | None = None  # samples/s with the fix / without it, both re-run (--verify)
 
     def to_json(self) -> dict[str, object]:
         return {"id": self.id, "title": self.title, "why": self.why, "fix": self.fix,
-                "expected_gain": None if self.expected_gain is None else round(self.expected_gain, 3)}
+                "expected_gain": None if self.expected_gain is None else round(self.expected_gain, 3),
+                "measured_gain": None if self.measured_gain is None else round(self.measured_gain, 3),
+                "overrides": self.overrides}
 
 
 def _speedup_of_part(share: float, factor: float) -> float:
@@ -72,18 +82,30 @@ def num_workers(e: Evidence) -> Recommendation | None:
     new_step = max(compute, per_batch / k)
     caveat, threads = "", ""
     if e.device == "cpu":  # loading and the model step share the same cores
-        new_step = max(new_step, (per_batch + compute) / e.cpus)
-        caveat = ("; on the CPU the workers share the cores with the model step, so this is an upper bound, "
-                  "reached only with fewer intra-op threads")
-        threads = f"; torch.set_num_threads({max(1, e.cpus - k)})"
+        proposed = max(1, e.cpus - k)
+        threads = f"; torch.set_num_threads({proposed})"
+        probe = e.thread_probe
+        if probe is not None and probe[0] == proposed:  # measured: the model step on fewer threads
+            slower = compute * probe[1]  # on `proposed` threads: that many cores busy for that long
+            new_step = max(slower, per_batch / k, (per_batch + slower * proposed) / e.cpus)
+            caveat = (f"; measured: the model step takes {probe[1]:.2f}x as long on {proposed} intra-op thread(s), "
+                      "which leave the workers their cores")
+        else:
+            new_step = max(new_step, (per_batch + compute) / e.cpus)
+            caveat = ("; on the CPU the workers share the cores with the model step, so this is an upper bound, "
+                      "reached only with fewer intra-op threads")
     gain = (wait + compute) / new_step
+    if gain < MIN_GAIN:
+        return None  # fewer threads for the model step would cost more than the workers save
     return Recommendation(
         "num_workers", f"Load batches in {k} worker processes (now {k0})",
         f"the loop waits {e.fractions.data_wait:.0%} of each step for loader #{loader.index} ({loader.dataset}, "
         f"num_workers={k0}): {wait * 1e3:.1f} ms of a {e.step_s * 1e3:.1f} ms step; one worker needs "
         f"~{per_batch * 1e3:.1f} ms per batch, so {k} overlap it with the {compute * 1e3:.1f} ms of compute{caveat}",
         f"DataLoader(..., num_workers={k}, persistent_workers=True){threads}  # or trainfast.make_loader(dataset, "
-        f"batch_size) / trainfast train --workers auto", gain)
+        f"batch_size) / trainfast train --workers auto", gain,
+        overrides={"num_workers": k, "persistent_workers": True}
+        | ({"threads": max(1, e.cpus - k)} if e.device == "cpu" else {}))
 
 
 def cpu_threads(e: Evidence) -> Recommendation | None:
@@ -97,7 +119,8 @@ def cpu_threads(e: Evidence) -> Recommendation | None:
         f"{workers} loader worker(s) and {e.threads} intra-op threads share {e.cpus} CPUs: whenever a worker holds a "
         "core, every parallel op waits for its descheduled thread (on this project's 2-CPU machine a step of a "
         "small model went from 1.3 ms to 43 ms this way)",
-        f"torch.set_num_threads({chosen})  # or TrainConfig(cpu_threads='auto')", None)
+        f"torch.set_num_threads({chosen})  # or TrainConfig(cpu_threads='auto')", None,
+        overrides={"threads": chosen})
 
 
 def in_memory(e: Evidence) -> Recommendation | None:
@@ -125,7 +148,7 @@ def pin_memory(e: Evidence) -> Recommendation | None:
         "pin_memory", "Pin host memory and copy with non_blocking=True",
         f"{e.fractions.transfer:.0%} of each step is spent blocked copying batches to the GPU from pageable memory",
         "DataLoader(..., pin_memory=True) and x.to('cuda', non_blocking=True)  # or trainfast.DevicePrefetcher",
-        _speedup_of_part(e.fractions.transfer, 10.0))
+        _speedup_of_part(e.fractions.transfer, 10.0), overrides={"pin_memory": True})
 
 
 def persistent_workers(e: Evidence) -> Recommendation | None:
@@ -141,7 +164,7 @@ def persistent_workers(e: Evidence) -> Recommendation | None:
         "persistent_workers", "Keep the loader's workers alive between epochs",
         f"every epoch restarts {loader.num_workers} workers: {startup:.2f} s from iter() to the first batch"
         + (f", against a {epoch_s:.1f} s epoch" if epoch_s > 0 else ""),
-        "DataLoader(..., persistent_workers=True)", gain)
+        "DataLoader(..., persistent_workers=True)", gain, overrides={"persistent_workers": True})
 
 
 def prefetch_factor(e: Evidence) -> Recommendation | None:
@@ -154,7 +177,7 @@ def prefetch_factor(e: Evidence) -> Recommendation | None:
         "prefetch_factor", f"Queue more batches per worker (prefetch_factor={current * 2})",
         f"data wait comes in spikes (95th percentile {e.wait_spike_ratio:.1f}x the median step's): a deeper queue "
         f"absorbs slow batches; now {loader.num_workers} workers x {current} batches in flight",
-        f"DataLoader(..., prefetch_factor={current * 2})", None)
+        f"DataLoader(..., prefetch_factor={current * 2})", None, overrides={"prefetch_factor": current * 2})
 
 
 def amp(e: Evidence) -> Recommendation | None:
@@ -221,20 +244,16 @@ def cudnn_benchmark(e: Evidence) -> Recommendation | None:
         "cudnn_benchmark", "Let cuDNN benchmark its convolution algorithms",
         f"{e.conv_weights} conv layer(s) with torch.backends.cudnn.benchmark=False: cuDNN uses a heuristic "
         "choice instead of timing the candidates once per input shape",
-        "torch.backends.cudnn.benchmark = True  # when input shapes do not change every step", None)
+        "torch.backends.cudnn.benchmark = True  # when input shapes do not change every step", None,
+        overrides={"cudnn_benchmark": True})
 
 
 def host_sync(e: Evidence) -> Recommendation | None:
-    if e.syncs_per_step < 1:
+    if e.syncs_per_step < 1 or e.device != "cuda":  # on the CPU a sync costs nothing: no fix to make
         return None
-    if e.device == "cuda":
-        why = (f"{e.syncs_per_step:.1f} host-device sync(s) per step (.item(), float(t), .tolist()): each one "
-               "drains the GPU queue, so the next step's kernels start late")
-        gain: float | None = _speedup_of_part(e.fractions.host, 4.0) if e.fractions.host > 0 else None
-    else:
-        why = (f"{e.syncs_per_step:.1f} .item()/float()/.tolist() call(s) per step: free on the CPU, but each is a "
-               "host-device sync on a GPU")
-        gain = None
+    why = (f"{e.syncs_per_step:.1f} host-device sync(s) per step (.item(), float(t), .tolist()): each one "
+           "drains the GPU queue, so the next step's kernels start late")
+    gain = _speedup_of_part(e.fractions.host, 4.0) if e.fractions.host > 0 else None
     return Recommendation(
         "host_sync", "Read metrics from the device every N steps, not every step", why,
         "running += loss.detach()  # and every 50 steps: print(running.item() / 50); running.zero_()", gain)

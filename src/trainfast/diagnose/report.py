@@ -3,26 +3,27 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import psutil
 import torch
 from rich.console import Console
 from rich.table import Table
 
-from trainfast.diagnose.classify import Fractions, Verdict, classify
+from trainfast.diagnose.classify import Fractions, Verdict, classify, max_speedups, share_interval
 from trainfast.diagnose.evidence import Evidence, LoaderStats
 from trainfast.diagnose.instrument import Instrumentation, dynamo_counts
-from trainfast.diagnose.recommend import Recommendation, recommend
+from trainfast.diagnose.recommend import Recommendation, num_workers, recommend
 from trainfast.diagnose.timeline import StepRecord, Timeline
 from trainfast.loader.cpus import available_cpus
-from trainfast.monitor import growth_per_minute
+from trainfast.monitor import percentile, sustained_growth_per_minute
 
 
 @dataclass
 class Report:
     verdict: Verdict | None  # None when no step was measured: nothing honest to say
-    fractions: Fractions
+    fractions: Fractions | None  # None when no step was measured
     steps: list[StepRecord]
     warmup_steps: int
     samples_per_s: float | None
@@ -34,21 +35,36 @@ class Report:
     monitor: dict[str, Any] = field(default_factory=dict)
     script: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    verify: dict[str, Any] | None = None  # `--verify`: each fix re-run in a fresh process, with the baseline
+    step_signal: str | None = None  # what defined a step: "optimizer", "backward" or "explicit" (timeline.py)
+    input_source: str | None = None  # "loader" or "script" (no DataLoader)
+    seen: dict[str, int] = field(default_factory=dict)  # batches, forwards, backwards, optimizer steps
+    step_spread: dict[str, float] | None = None  # p10 / p50 / p90 of the measured steps' seconds
+    intervals: dict[str, list[float]] | None = None  # 90 % bootstrap interval of each part's share
+    contention: dict[str, Any] | None = None  # other processes' CPU use while measuring
 
     @property
-    def data_wait_fraction(self) -> float:
-        return self.fractions.data_wait
+    def data_wait_fraction(self) -> float | None:
+        return self.fractions.data_wait if self.fractions else None
 
     def to_json(self) -> dict[str, Any]:
+        reason = self.verdict.reason if self.verdict else _no_verdict_reason(self.seen, self.warmup_steps)
         return {
             "verdict": self.verdict.name if self.verdict else None,
-            "verdict_reason": self.verdict.reason if self.verdict else "no optimizer step was measured",
-            "data_wait_fraction": self.fractions.data_wait,
-            "fractions": self.fractions.to_json(),
+            "verdict_reason": reason,
+            "data_wait_fraction": self.data_wait_fraction,
+            "fractions": self.fractions.to_json() if self.fractions else None,
+            "fractions_interval": self.intervals,
+            "max_speedup": max_speedups(self.fractions) if self.fractions else None,
+            "step_signal": self.step_signal,
+            "input_source": self.input_source,
+            "seen": self.seen,
             "steps_measured": len(self.steps),
             "warmup_steps": self.warmup_steps,
             "samples_per_s": self.samples_per_s,
             "step_s": self.step_s,
+            "step_s_percentiles": self.step_spread,
+            "contention": self.contention,
             "loaders": [s.to_json() for s in self.loaders],
             "recommendations": [r.to_json() for r in self.recommendations],
             "observed": self.observed,
@@ -56,6 +72,7 @@ class Report:
             "monitor": self.monitor,
             "script": self.script,
             "notes": self.notes,
+            "verify": self.verify,
             "timeline": [{"end_s": r.end_s, "total_s": r.total_s, "wait_s": r.wait_s, "transfer_s": r.transfer_s,
                           "host_s": r.host_s, "compute_s": r.compute_s, "samples": r.samples, "syncs": r.syncs}
                          for r in self.steps],
@@ -65,22 +82,94 @@ class Report:
         render_terminal(self, console or Console())
 
 
+def _no_verdict_reason(seen: dict[str, int], warmup: int) -> str:
+    """What was seen when no step was measured, and what to do."""
+    if not seen:
+        return "no training step was measured"
+    counts = (f"{seen.get('batches', 0)} batch(es) fetched, {seen.get('forwards', 0)} model forward(s), "
+              f"{seen.get('backwards', 0)} backward pass(es), {seen.get('optimizer_steps', 0)} optimizer step(s)")
+    if not seen.get("backwards") and not seen.get("optimizer_steps"):
+        return (f"no training step was seen: {counts}. A step is an optimizer.step() or, without an optimizer, a "
+                "backward pass: is the script training (not only evaluating), and does it reach its loop before "
+                "--max-seconds?")
+    return (f"fewer than {warmup + 1} steps ran (warm-up {warmup}): {counts}. Lower --warmup, raise --max-seconds, "
+            "or give the script more steps")
+
+
+# The runner's extra phase: a few steps at the thread count a loader fix would leave the model step.
+THREADS_PHASE = "threads"
+# A spread this wide (p90 over p50) makes per-step figures unreliable: other load, or uneven steps.
+NOISY_SPREAD = 2.0
+# Other processes busy on this many cores while measuring take time from the script's own.
+CONTENTION_CORES = 0.5
+
+
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _median_compute(records: list[StepRecord]) -> float:
+    return statistics.median(r.compute_s for r in records)
+
+
+def _evidence(timeline: Timeline, instrumentation: Instrumentation, records: list[StepRecord], *,
+              verdict: str = "", env: dict[str, Any] | None = None, monitor: Any = None,
+              loader_headroom: float | None = None, thread_probe: tuple[int, float] | None = None) -> Evidence:
+    """What the rules read, from the measured steps and what the hooks observed."""
+    observed = instrumentation.observed
+    total = sum(r.total_s for r in records)
+    fractions = Fractions.of(total_s=total, wait_s=sum(r.wait_s for r in records),
+                             transfer_s=sum(r.transfer_s for r in records), host_s=sum(r.host_s for r in records))
+    samples = sum(r.samples for r in records)
+    device = observed.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    waits = [r.wait_s for r in records]
+    mean_wait = statistics.fmean(waits) if waits else 0.0
+    dynamo = dynamo_counts()
+    at_warmup = observed.dynamo_at_warmup or {"frames": dynamo["frames"], "graph_breaks": 0}
+    skipped = observed.scaler_skipped() if env is not None else 0  # reading it syncs: the final report only
+    decoded = float(statistics.median(observed.jpeg_decoded_pixels)) if observed.jpeg_decoded_pixels else None
+    return Evidence(
+        verdict=verdict, device=device, fractions=fractions,
+        step_s=statistics.median(r.total_s for r in records) if records else 0.0, steps=len(records),
+        samples_per_s=samples / total if samples and total > 0 else None,
+        syncs_per_step=statistics.fmean(r.syncs for r in records) if records else 0.0, cpus=available_cpus(),
+        threads=observed.threads or torch.get_num_threads(), loaders=tuple(instrumentation.loaders),
+        shm_bytes=(env or {}).get("shm_bytes"), autocast=tuple(sorted(observed.autocast)),
+        scaler_skip_fraction=skipped / observed.scaler_steps if observed.scaler_steps else None,
+        bf16_supported=device == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False),
+        compiled=dynamo["frames"] > 0, recompiled_frames=max(0, dynamo["frames"] - at_warmup["frames"]),
+        graph_breaks=dynamo["graph_breaks"], conv_weights=observed.conv_weights,
+        conv_weights_channels_last=observed.conv_weights_channels_last,
+        cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
+        gpu_memory_fraction=_gpu_memory_fraction(device) if env is not None else None, jpeg_decoded_pixels=decoded,
+        wait_spike_ratio=_percentile(waits, 0.95) / mean_wait if mean_wait > 0 else None,
+        worker_rss_growth_per_min=_worker_rss_growth(monitor, timeline.measure_started_monotonic),
+        loader_headroom=loader_headroom, thread_probe=thread_probe, input_source=timeline.input_source)
+
+
+def proposed_threads(timeline: Timeline, instrumentation: Instrumentation) -> int | None:
+    """The intra-op thread count the num_workers fix would propose on the CPU, if below the current one."""
+    records = timeline.records
+    if not records:
+        return None
+    evidence = _evidence(timeline, instrumentation, records)
+    fix = num_workers(evidence) if evidence.device == "cpu" else None
+    threads = (fix.overrides or {}).get("threads") if fix is not None else None
+    if threads is None or threads >= evidence.threads:
+        return None
+    instrumentation.observed.probe_threads = threads
+    return int(threads)
 
 
 def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monitor: Any = None,
                  env: dict[str, Any] | None = None, script: dict[str, Any] | None = None,
                  loader_headroom: float | None = None, notes: list[str] | None = None) -> Report:
     """Turn what the hooks recorded into fractions, a verdict and ranked fixes (the only device sync)."""
+    timeline.finish()
     records = list(timeline.records)
     observed = instrumentation.observed
     notes = list(notes or [])
-    total = sum(r.total_s for r in records)
-    fractions = Fractions.of(total_s=total, wait_s=sum(r.wait_s for r in records),
-                             transfer_s=sum(r.transfer_s for r in records), host_s=sum(r.host_s for r in records))
-    samples = sum(r.samples for r in records)
     device = observed.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda":
         torch.cuda.synchronize()
@@ -88,53 +177,100 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
     device_busy = _device_busy(instrumentation, records)
     if gpu_util is None and device_busy is not None:  # without NVML, CUDA events say how busy the GPU was
         gpu_util = 100 * device_busy
-    verdict = classify(fractions, device=device, gpu_util=gpu_util, loader_headroom=loader_headroom) \
-        if records else None
-    waits = [r.wait_s for r in records]
-    mean_wait = statistics.fmean(waits) if waits else 0.0
-    dynamo = dynamo_counts()
-    at_warmup = observed.dynamo_at_warmup or {"frames": dynamo["frames"], "graph_breaks": 0}
-    skipped = observed.scaler_skipped()
-    compiled = dynamo["frames"] > 0
-    recompiled = max(0, dynamo["frames"] - at_warmup["frames"])
-    syncs_per_step = statistics.fmean(r.syncs for r in records) if records else 0.0
-    benchmark = bool(torch.backends.cudnn.benchmark)
-    decoded = float(statistics.median(observed.jpeg_decoded_pixels)) if observed.jpeg_decoded_pixels else None
+    probe = _thread_probe(timeline, observed.probe_threads, records)
+    evidence = _evidence(timeline, instrumentation, records, env=env or {}, monitor=monitor,
+                         loader_headroom=loader_headroom, thread_probe=probe)
+    fractions = evidence.fractions
+    intervals = _intervals(records)
+    verdict = classify(fractions, device=device, gpu_util=gpu_util, loader_headroom=loader_headroom,
+                       intervals=intervals) if records else None
+    if verdict is not None:
+        evidence = replace(evidence, verdict=verdict.name)
     observed_json = {
         "device": device, "threads": observed.threads, "parameters": observed.parameters,
-        "autocast": sorted(observed.autocast),
-        "compiled": compiled, "recompiled_frames": recompiled, "graph_breaks": dynamo["graph_breaks"],
-        "scaler_steps": observed.scaler_steps, "scaler_skipped_steps": skipped, "syncs_per_step": syncs_per_step,
-        "conv_weights": observed.conv_weights, "conv_weights_channels_last": observed.conv_weights_channels_last,
-        "cudnn_benchmark": benchmark, "gpu_util_mean": gpu_util, "device_busy_fraction": device_busy,
-        "jpeg_decoded_pixels_median": decoded,
+        "autocast": sorted(observed.autocast), "compiled": evidence.compiled,
+        "recompiled_frames": evidence.recompiled_frames, "graph_breaks": evidence.graph_breaks,
+        "scaler_steps": observed.scaler_steps,
+        "scaler_skipped_steps": round((evidence.scaler_skip_fraction or 0) * observed.scaler_steps),
+        "syncs_per_step": evidence.syncs_per_step, "conv_weights": observed.conv_weights,
+        "conv_weights_channels_last": observed.conv_weights_channels_last,
+        "cudnn_benchmark": evidence.cudnn_benchmark, "gpu_util_mean": gpu_util, "device_busy_fraction": device_busy,
+        "jpeg_decoded_pixels_median": evidence.jpeg_decoded_pixels,
+        "thread_probe": {"threads": probe[0], "compute_slowdown": probe[1]} if probe else None,
     }
     if timeline.evaluation_steps:
         notes.append(f"{timeline.evaluation_steps} step(s) that spanned an evaluation pass (batches fetched with "
                      "gradients off) were left out of the figures")
-    if not records:
-        notes.append("no optimizer step was measured: the script ended or failed before "
-                     f"{timeline.warmup_steps + 1} optimizer steps (warm-up {timeline.warmup_steps})")
-    evidence = Evidence(
-        verdict=verdict.name if verdict else "", device=device, fractions=fractions,
-        step_s=statistics.median(r.total_s for r in records) if records else 0.0, steps=len(records),
-        samples_per_s=samples / total if samples and total > 0 else None,
-        syncs_per_step=syncs_per_step, cpus=available_cpus(), threads=observed.threads or torch.get_num_threads(),
-        loaders=tuple(instrumentation.loaders), shm_bytes=(env or {}).get("shm_bytes"),
-        autocast=tuple(sorted(observed.autocast)),
-        scaler_skip_fraction=skipped / observed.scaler_steps if observed.scaler_steps else None,
-        bf16_supported=device == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False),
-        compiled=compiled, recompiled_frames=recompiled,
-        graph_breaks=dynamo["graph_breaks"], conv_weights=observed.conv_weights,
-        conv_weights_channels_last=observed.conv_weights_channels_last,
-        cudnn_benchmark=benchmark, gpu_memory_fraction=_gpu_memory_fraction(device), jpeg_decoded_pixels=decoded,
-        wait_spike_ratio=_percentile(waits, 0.95) / mean_wait if mean_wait > 0 else None,
-        worker_rss_growth_per_min=_worker_rss_growth(monitor), loader_headroom=loader_headroom)
+    if timeline.input_source == "script":
+        notes.append("no DataLoader fed training: data wait is the time from the end of one step to the model's "
+                     "first forward (input prepared in the loop), and samples are counted from the model's input")
+    spread = _spread(records)
+    contention = _contention(monitor, timeline.measure_started_monotonic)
+    notes.extend(_noise_notes(spread, contention))
+    recommendations = recommend(evidence) if records else []
+    if probe is not None and not any(r.id == "num_workers" for r in recommendations):
+        notes.append(f"more loader workers would not pay here: the model step took {probe[1]:.2f}x as long with "
+                     f"{probe[0]} intra-op thread(s), the count that would leave cores for them (measured)")
     return Report(
-        verdict=verdict, fractions=fractions, steps=records, warmup_steps=timeline.warmup_steps,
+        verdict=verdict, fractions=fractions if records else None, steps=records, warmup_steps=timeline.warmup_steps,
         samples_per_s=evidence.samples_per_s, step_s=evidence.step_s if records else None,
-        loaders=list(instrumentation.loaders), recommendations=recommend(evidence) if records else [],
-        observed=observed_json, env=env or {}, monitor=_monitor_json(monitor), script=script or {}, notes=notes)
+        loaders=list(instrumentation.loaders), recommendations=recommendations,
+        observed=observed_json, env=env or {}, monitor=_monitor_json(monitor), script=script or {}, notes=notes,
+        step_signal=timeline.signal, input_source=timeline.input_source, seen=timeline.seen(),
+        step_spread=spread, intervals={k: list(v) for k, v in intervals.items()} if intervals else None,
+        contention=contention)
+
+
+def _thread_probe(timeline: Timeline, threads: int | None, records: list[StepRecord]) -> tuple[int, float] | None:
+    probed = timeline.phase_records(THREADS_PHASE)
+    if threads is None or not probed or not records or _median_compute(records) <= 0:
+        return None
+    return threads, _median_compute(probed) / _median_compute(records)
+
+
+def _intervals(records: list[StepRecord]) -> dict[str, tuple[float, float]] | None:
+    if len(records) < 3:
+        return None
+    totals = [r.total_s for r in records]
+    parts = {"data_wait": [r.wait_s for r in records], "transfer": [r.transfer_s for r in records],
+             "host": [r.host_s for r in records]}
+    return {name: share_interval(values, totals) for name, values in parts.items()}
+
+
+def _spread(records: list[StepRecord]) -> dict[str, float] | None:
+    if not records:
+        return None
+    seconds = [r.total_s for r in records]
+    return {"p10": percentile(seconds, 10), "p50": percentile(seconds, 50), "p90": percentile(seconds, 90)}
+
+
+def _contention(monitor: Any, measuring_from: float | None) -> dict[str, Any] | None:
+    """Cores other processes kept busy while measuring: all CPUs' busy time less this process and its workers."""
+    since = _since_start(monitor, measuring_from)
+    if since is None or "cpu.percent" not in monitor.metrics():
+        return None
+    cores = sum(1 for m in monitor.metrics() if m.startswith("cpu") and m[3:4].isdigit()) or psutil.cpu_count() or 1
+    series = {m: dict(zip(*monitor.series(m), strict=True)) for m in ("cpu.percent", "proc.cpu_percent",
+                                                                       "workers.cpu_percent")}
+    others = [max(0.0, busy * cores - series["proc.cpu_percent"].get(t, 0.0)
+                  - series["workers.cpu_percent"].get(t, 0.0)) / 100
+              for t, busy in series["cpu.percent"].items() if t >= since]
+    if not others:
+        return None
+    return {"other_cores_busy_mean": statistics.fmean(others), "other_cores_busy_max": max(others), "cores": cores,
+            "samples": len(others)}
+
+
+def _noise_notes(spread: dict[str, float] | None, contention: dict[str, Any] | None) -> list[str]:
+    notes = []
+    if spread and spread["p50"] > 0 and spread["p90"] > NOISY_SPREAD * spread["p50"]:
+        notes.append(f"step times vary widely (p10 {spread['p10'] * 1e3:.1f} ms, p50 {spread['p50'] * 1e3:.1f} ms, "
+                     f"p90 {spread['p90'] * 1e3:.1f} ms): the figures are unreliable; measure more steps "
+                     "(--steps) on a quieter machine")
+    if contention and contention["other_cores_busy_mean"] >= CONTENTION_CORES:
+        notes.append(f"other processes kept {contention['other_cores_busy_mean']:.1f} of {contention['cores']} "
+                     "cores busy while measuring: the script's figures include that contention")
+    return notes
 
 
 def _gpu_util(monitor: Any) -> float | None:
@@ -154,12 +290,22 @@ def _device_busy(instrumentation: Instrumentation, records: list[StepRecord]) ->
     return min(1.0, sum(device_s) / host_s) if host_s > 0 else None
 
 
-def _worker_rss_growth(monitor: Any) -> float | None:
-    """Bytes per minute the loader workers' resident memory grew by while measuring (copy-on-read shows here)."""
-    if monitor is None or "workers.rss_bytes" not in monitor.metrics():
+def _since_start(monitor: Any, monotonic: float | None) -> float | None:
+    """A `time.monotonic()` instant on the monitor's series clock (seconds since it started)."""
+    started = getattr(monitor, "started_at", None)
+    return None if monotonic is None or started is None else monotonic - started
+
+
+def _worker_rss_growth(monitor: Any, measuring_from: float | None) -> float | None:
+    """Sustained growth (bytes/min) of the warm workers' resident memory while measuring: copy-on-read."""
+    since = _since_start(monitor, measuring_from)
+    if since is None or "workers.rss_bytes" not in monitor.metrics():
         return None
     times, values = monitor.series("workers.rss_bytes")
-    return growth_per_minute(times, values) if len(values) >= 4 else None
+    count_times, counts = monitor.series("workers.count")
+    if count_times != times:
+        return None
+    return sustained_growth_per_minute(times, values, counts, since=since)
 
 
 def _gpu_memory_fraction(device: str) -> float | None:
@@ -189,14 +335,19 @@ def render_terminal(report: Report, console: Console) -> None:
     console.rule(title)
     if report.script.get("outcome"):
         console.print(f"run: {report.script['outcome']}")
-    if report.verdict is None:
-        console.print("[bold]verdict: n/a[/] — no optimizer step was measured")
+    if report.verdict is None or report.fractions is None:
+        console.print(f"[bold]verdict: n/a[/] — {_no_verdict_reason(report.seen, report.warmup_steps)}")
     else:
         style = VERDICT_STYLE.get(report.verdict.name, "bold")
         console.print(f"verdict: [{style}]{report.verdict.name.upper()}[/] — {report.verdict.reason}")
         rate = f"{report.samples_per_s:,.0f} samples/s, " if report.samples_per_s else ""
-        console.print(f"measured {len(report.steps)} steps after {report.warmup_steps} warm-up: {rate}"
-                      f"median step {1e3 * (report.step_s or 0):.1f} ms")
+        spread = report.step_spread or {}
+        steps_by = {"optimizer": "a step = one iteration's optimizer step(s)",
+                    "backward": "a step = one iteration's backward pass(es), no optimizer seen",
+                    "explicit": "steps ended by the caller"}.get(report.step_signal or "", "")
+        console.print(f"measured {len(report.steps)} steps after {report.warmup_steps} warm-up ({steps_by}): {rate}"
+                      f"step p10/p50/p90 {1e3 * spread.get('p10', 0):.1f}/{1e3 * spread.get('p50', 0):.1f}/"
+                      f"{1e3 * spread.get('p90', 0):.1f} ms")
         console.print(_split_bar(report.fractions))
     if report.loaders:
         table = Table(title="loaders", title_justify="left")
@@ -207,12 +358,15 @@ def render_terminal(report: Report, console: Console) -> None:
                           str(s.persistent_workers), str(s.prefetch_factor), str(s.batches), f"{s.wait_s:.2f} s")
         console.print(table)
     if report.recommendations:
-        table = Table(title="fixes, largest expected gain first", title_justify="left", show_lines=True)
-        for column in ("id", "gain", "fix"):
+        verified = report.verify is not None
+        title = "fixes, largest measured gain first" if verified else "fixes, largest expected gain first"
+        table = Table(title=title, title_justify="left", show_lines=True)
+        for column in ("id", "expected", *(("measured",) if verified else ()), "fix"):
             table.add_column(column, overflow="fold")
         for r in report.recommendations:
-            gain = f"{r.expected_gain:.2f}x" if r.expected_gain else "?"
-            table.add_row(r.id, gain, f"[bold]{r.title}[/]\nwhy: {r.why}\nfix: [cyan]{r.fix}[/]")
+            expected = f"{r.expected_gain:.2f}x" if r.expected_gain else "?"
+            measured = (f"{r.measured_gain:.2f}x" if r.measured_gain is not None else "-",) if verified else ()
+            table.add_row(r.id, expected, *measured, f"[bold]{r.title}[/]\nwhy: {r.why}\nfix: [cyan]{r.fix}[/]")
         console.print(table)
     elif report.verdict is not None:
         console.print("no fix to recommend from what was measured")

@@ -2,9 +2,15 @@
 
 The script runs in this process through `runpy`, with its own `sys.argv` and `sys.path[0]` and as
 `__main__` (so its `if __name__ == "__main__":` block runs and spawned DataLoader workers can re-import
-it). After `warmup` optimizer steps, `steps` more are measured; then the optimizer hook raises
-`StopMeasuring`, a BaseException the script's `except Exception:` cannot swallow, and the script
-unwinds. Every patch is removed whatever happens: normal end, `sys.exit`, a crash, or the stop.
+it). After `warmup` steps, `steps` more are measured; then a hook raises `StopMeasuring`, a BaseException
+the script's `except Exception:` cannot swallow, and the script unwinds. After `max_seconds` of wall time
+the run stops the same way (from the next step boundary, or from a SIGALRM handler when the script is stuck
+elsewhere) and the report says what was measured by then. Every patch is removed whatever happens: normal
+end, `sys.exit`, a crash, or the stop.
+
+On the CPU, when the loader fix the doctor is about to propose would give the model step fewer intra-op
+threads, a few more steps are measured at that thread count first (the "threads" phase): on 2 CPUs a
+compute-heavy step can take 1.8x as long on one thread, which turns "more workers" into a slowdown.
 """
 
 from __future__ import annotations
@@ -12,14 +18,21 @@ from __future__ import annotations
 import gc
 import os
 import runpy
+import signal
 import sys
+import threading
+import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from trainfast.diagnose.instrument import Instrumentation
-from trainfast.diagnose.report import Report, build_report
+from trainfast.diagnose.report import THREADS_PHASE, Report, build_report, proposed_threads
 from trainfast.diagnose.timeline import StopMeasuring, Timeline
 from trainfast.envcheck.environment import environment, preflight
 from trainfast.monitor import Monitor
@@ -33,13 +46,45 @@ class DoctorRun:
     error: str | None  # the script's traceback, when it crashed
 
 
+# Long enough for a slow start (dataset indexing, compilation) and 35 steps of a second each.
+DEFAULT_MAX_SECONDS = 300.0
+# Steps measured at the proposed thread count, after a short warm-up of their own.
+PROBE_WARMUP, PROBE_STEPS = 2, 5
+
+
+@contextmanager
+def _alarm(seconds: float | None) -> Iterator[None]:
+    """Raise StopMeasuring("budget") in the main thread after `seconds`, wherever the script is (SIGALRM);
+    a no-op off the main thread or without SIGALRM, where the step boundaries still check the deadline."""
+    if seconds is None or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise StopMeasuring("budget")
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def run_doctor(target: str, *, module: bool = False, args: list[str] | None = None, steps: int = 30,
-               warmup: int = 5, monitor_interval_s: float = 0.5) -> DoctorRun:
-    """Run `target` (a script path, or a module name with `module=True`) and measure `steps` steps."""
+               warmup: int = 5, max_seconds: float | None = DEFAULT_MAX_SECONDS,
+               monitor_interval_s: float = 0.5) -> DoctorRun:
+    """Run `target` (a script path, or a module name with `module=True`) and measure `steps` steps, stopping it
+    after `max_seconds` of wall time whatever it has measured by then (None: no limit)."""
     if not module and not Path(target).is_file():
         raise FileNotFoundError(f"no script at {target!r}; give a Python file, or -m MODULE for a module")
+    if max_seconds is not None and not max_seconds > 0:
+        raise ValueError(f"max_seconds={max_seconds!r}: give a positive number of seconds, or None for no limit")
     timeline = Timeline(warmup_steps=warmup, max_steps=steps)
     timeline.stop_when_done = True
+    started = time.perf_counter()
+    if max_seconds is not None:
+        timeline.deadline = started + max_seconds
     checks: list[dict[str, Any]] = []
     seen_loaders: set[int] = set()
 
@@ -51,21 +96,37 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
 
     saved_argv, saved_path, saved_env = sys.argv[:], sys.path[:], dict(os.environ)
     exit_code, error = 0, None
+    # An optimizer's constructor imports torch._dynamo, which keeps a table of Tensor's methods: imported while
+    # our counting wrappers are in place, it would keep them (and the whole run) for the rest of the process.
+    import torch._dynamo  # noqa: F401
     # torch_settings() puts back the thread count, cudnn.benchmark and TF32 the script may change
     with torch_settings(), Monitor(interval_s=monitor_interval_s) as monitor, \
             Instrumentation(timeline, on_loader=on_loader) as inst:
+
+        def probe_threads(phase: str) -> None:  # the measured steps are in: try the proposed thread count?
+            threads = proposed_threads(timeline, inst) if phase == "measure" else None
+            if threads is not None:
+                timeline.add_phase(THREADS_PHASE, warmup=PROBE_WARMUP, steps=PROBE_STEPS)
+                torch.set_num_threads(threads)  # torch_settings() puts the script's own count back
+        timeline.on_phase_end = probe_threads
         try:
-            if module:
+            remaining = None if max_seconds is None else max(1e-3, started + max_seconds - time.perf_counter())
+            with _alarm(remaining):
                 sys.argv = [target, *(args or [])]
-                sys.path[0:0] = [os.getcwd()]  # what `python -m` puts first
-                runpy.run_module(target, run_name="__main__", alter_sys=True)
-            else:
-                sys.argv = [target, *(args or [])]
-                sys.path[0:0] = [str(Path(target).resolve().parent)]  # what `python script.py` puts first
-                runpy.run_path(target, run_name="__main__")
+                if module:
+                    sys.path[0:0] = [os.getcwd()]  # what `python -m` puts first
+                    runpy.run_module(target, run_name="__main__", alter_sys=True)
+                else:
+                    sys.path[0:0] = [str(Path(target).resolve().parent)]  # what `python script.py` puts first
+                    runpy.run_path(target, run_name="__main__")
             outcome = "the script finished"
-        except StopMeasuring:
-            outcome = f"stopped after {len(timeline.records)} measured steps ({warmup} warm-up)"
+        except StopMeasuring as stop:
+            measured = len(timeline.records)
+            if stop.reason == "budget":
+                outcome = (f"stopped at the {max_seconds:g} s budget (--max-seconds) after {measured} measured "
+                           f"step(s) ({warmup} warm-up)")
+            else:
+                outcome = f"stopped after {measured} measured steps ({warmup} warm-up)"
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             exit_code, outcome = code, f"the script called sys.exit({e.code!r})"
@@ -78,13 +139,14 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
             sys.argv, sys.path[:] = saved_argv, saved_path
             os.environ.clear()
             os.environ.update(saved_env)
+            timeline.finish()
         gc.collect()  # the unwound script's loaders (and their worker processes) go now, not at exit
     env = environment()
     env["checks"] = [*env.get("checks", []), *checks]
     script = {"target": f"-m {target}" if module else target, "args": list(args or []), "outcome": outcome,
               "exit_code": exit_code, "error": error}
     notes = []
-    if len(timeline.records) < steps and "stopped" not in outcome:
+    if 0 < len(timeline.records) < steps:
         notes.append(f"only {len(timeline.records)} of the {steps} requested steps were measured before the script "
                      "ended; the figures are less certain")
     report = build_report(timeline, inst, monitor=monitor, env=env, script=script, notes=notes)

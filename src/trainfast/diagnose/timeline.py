@@ -1,22 +1,38 @@
-"""`Timeline`: each optimizer step's wall time split into data wait, transfer, host overhead and compute.
+"""`Timeline`: each training step's wall time split into data wait, transfer, host overhead and compute.
 
-Filled by the instrumentation hooks (see instrument.py); a step ends when an optimizer step ends.
-- data wait: time blocked in a loader's `next()`;
-- transfer: time blocked in host-to-device copies (`.to("cuda")`, `.cuda()`), visible only where the
-  script makes them;
-- host: the gap between the end of one optimizer step and the next batch request (logging, metrics,
-  checkpoints), less the time spent waiting for the device in syncs such as `.item()`, which is the
-  device's compute and counted as such;
+What is a step. One training iteration, found from what the script does (hooks in instrument.py):
+- "optimizer": when any optimizer steps. Every optimizer stepped before the next iteration starts belongs
+  to the same step (a GAN's D then G step is one step; a wrapped optimizer stepping its inner one too);
+  several backwards before one optimizer step are gradient accumulation, one step. The step ends when its
+  last optimizer step ends; the time from there to the next batch request is the next step's host time.
+- "backward": when no optimizer ever steps (manual SGD, `p.data.add_(p.grad, ...)`): each iteration's
+  backward passes end it, and the parameter update and logging after them belong to it.
+- "explicit": the caller ends steps itself (`diagnose(loader, step_fn)`).
+An iteration starts with a training batch from a timed loader, or, when no loader feeds training, with the
+model's first forward. A step is closed only when the next one starts, so a second optimizer stepped later
+in the same iteration can still join it.
+
+The parts of a step:
+- data wait: time blocked in a loader's `next()`; without any loader, the time from the end of one step to
+  the model's first forward (input preparation in the script: slicing a memmap, tokenising);
+- transfer: time blocked in host-to-device copies (`.to("cuda")`, `.cuda()`) the script makes;
+- host: with a loader, the gap between the end of one step and the next batch request (logging, metrics,
+  checkpoints), less the time spent waiting for the device in syncs such as `.item()`;
 - compute: the rest (forward, backward, optimizer step, device waits).
-A step during which a batch was fetched with gradients off (a validation pass between two optimizer steps)
-is not a training step's cost: it is left out and counted in `evaluation_steps`.
-The hooks only add floats and append a tuple per step (~1 us); nothing synchronises the device.
+A step during which a batch was fetched with gradients off (a validation pass between two steps) is left out
+and counted in `evaluation_steps`. The hooks only add floats (~1 us); nothing synchronises the device.
+
+Phases: the steps after the warm-up are measured in the "measure" phase; a caller may add phases (the
+runner measures a few steps at another thread count) from `on_phase_end`.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+MEASURE = "measure"
 
 
 @dataclass(frozen=True)
@@ -35,69 +51,254 @@ class StepRecord:
 
 
 class StopMeasuring(BaseException):
-    """Raised from the optimizer hook once enough steps are measured; a BaseException so that a script's
-    `except Exception:` cannot swallow it."""
+    """Raised from a hook once enough steps are measured (or the time budget is spent); a BaseException so
+    that a script's `except Exception:` cannot swallow it. `reason` is "steps" or "budget"."""
+
+    def __init__(self, reason: str = "steps") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class _Step:
+    """What one step accumulates while it runs."""
+
+    start: float
+    wait: float = 0.0
+    transfer: float = 0.0
+    gap_sync_wait: float = 0.0  # syncs before the step's first input: waiting for the device, not host work
+    samples: int = 0  # from loader batches
+    forward_samples: int = 0  # from the model's input, once per backward pass (loops without a loader)
+    syncs: int = 0
+    first_ask: float | None = None
+    first_forward: float | None = None
+    counted_forward: bool = False
+    evaluated: bool = False
+    end: float = 0.0
+    optimizers: set[int] = field(default_factory=set)
+
+    def absorb(self, later: _Step) -> None:
+        """A later part of the same iteration (a second optimizer's step) joins this one."""
+        self.wait += later.wait
+        self.transfer += later.transfer
+        self.samples += later.samples
+        self.forward_samples += later.forward_samples
+        self.syncs += later.syncs
+        self.evaluated = self.evaluated or later.evaluated
+        self.optimizers |= later.optimizers
+
+
+@dataclass
+class _Phase:
+    name: str
+    warmup: int
+    steps: int | None
+    rows: list[tuple[float, float, float, float, float, int, int]] = field(default_factory=list)
+    seen: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.steps is not None and len(self.rows) >= self.steps
 
 
 class Timeline:
-    def __init__(self, *, warmup_steps: int = 5, max_steps: int | None = None) -> None:
+    def __init__(self, *, warmup_steps: int = 5, max_steps: int | None = None, explicit_steps: bool = False) -> None:
         if warmup_steps < 0 or (max_steps is not None and max_steps < 1):
             raise ValueError(f"warmup_steps={warmup_steps}, max_steps={max_steps}: need warmup_steps >= 0 and "
                              "max_steps >= 1 (or None for no limit)")
         self.warmup_steps, self.max_steps = warmup_steps, max_steps
         self.started = time.perf_counter()
+        self.signal: str | None = "explicit" if explicit_steps else None  # what defines a step (module doc)
+        self.batches = self.forwards = self.backwards = self.optimizer_steps = 0  # seen over the whole run
+        self.loader_fed = False  # a timed loader delivered a training batch
         self.steps_seen = 0
         self.evaluation_steps = 0  # measured-range steps left out because they spanned an evaluation pass
-        self.stop_when_done = False  # set by the zero-code runner: raise StopMeasuring at max_steps
-        self._rows: list[tuple[float, float, float, float, float, int, int]] = []  # measured steps, as tuples
-        self._step_start = self.started
-        self._wait = self._transfer = self._gap_sync_wait = 0.0
-        self._samples = self._syncs = 0
-        self._first_ask: float | None = None
-        self._evaluated = False
+        self.stop_when_done = False  # set by the zero-code runner: raise StopMeasuring when all phases are done
+        self.deadline: float | None = None  # perf_counter time after which the next step boundary stops the run
+        self.measure_started_monotonic: float | None = None  # time.monotonic() when measuring began (monitor's clock)
+        self.on_phase_end: Callable[[str], None] | None = None
+        self.on_close: Callable[[bool], None] | None = None  # after each step closes: was it a measured one?
+        self.phases = [_Phase(MEASURE, warmup_steps, max_steps)]
+        self._cur = _Step(self.started)
+        self._pending: _Step | None = None
 
     # ---- called by the hooks: keep them lean, they run every step
     def fetched(self, asked: float, got: float, samples: int) -> None:
-        if self._first_ask is None:
-            self._first_ask = asked
-        self._wait += got - asked
-        self._samples += samples
+        """A training batch (gradients on) came out of a timed loader."""
+        self.batches += 1
+        self.loader_fed = True
+        self._begin_iteration(asked)
+        cur = self._cur
+        if cur.first_ask is None:
+            cur.first_ask = asked
+        cur.wait += got - asked
+        cur.samples += samples
 
     def evaluation_fetch(self) -> None:
         """A batch fetched with gradients off: this step spans an evaluation pass."""
-        self._evaluated = True
+        self.batches += 1
+        self._cur.evaluated = True
+
+    def forward(self, now: float, samples: int) -> None:
+        """A model's forward with gradients on (outside a loader's `next()`); `samples`: its input's leading dim."""
+        self.forwards += 1
+        if not self.loader_fed:
+            self._begin_iteration(now)
+        cur = self._cur
+        if cur.first_forward is None:
+            cur.first_forward = now
+        if not cur.counted_forward:  # the first forward of each backward pass: micro-batches add up
+            cur.forward_samples += samples
+            cur.counted_forward = True
+
+    def backward(self) -> None:
+        self.backwards += 1
+        self._cur.counted_forward = False
+        if self.signal is None:
+            self.signal = "backward"  # until an optimizer is seen to step
+        if self.signal == "backward":
+            self._complete(time.perf_counter())
+
+    def optimizer_step(self, optimizer: object) -> None:
+        self.optimizer_steps += 1
+        if self.signal == "explicit":
+            return
+        now = time.perf_counter()
+        if self.signal != "optimizer":
+            if self.signal == "backward":  # what looked like steps were micro-batches: measure afresh
+                for phase in self.phases:
+                    phase.rows.clear()
+                    phase.seen = 0
+                self.steps_seen = self.evaluation_steps = 0
+                self._pending = None
+            self.signal = "optimizer"
+        key = id(optimizer)
+        if self._pending is not None and key in self._pending.optimizers:  # the same optimizer again: a new step
+            self._close(self._pending.end)
+        self._cur.optimizers.add(key)
+        self._complete(now)
 
     def transferred(self, seconds: float) -> None:
-        self._transfer += seconds
+        self._cur.transfer += seconds
 
     def synced(self, seconds: float) -> None:
-        self._syncs += 1
-        if self._first_ask is None:  # inside the host gap: it waited for the device, not for Python
-            self._gap_sync_wait += seconds
+        cur = self._cur
+        cur.syncs += 1
+        if cur.first_ask is None and cur.first_forward is None:  # before the step's input: a wait for the device
+            cur.gap_sync_wait += seconds
+
+    def pause(self, seconds: float) -> None:
+        """The doctor itself spent `seconds` (a one-off scan): not the script's time."""
+        self._cur.start += seconds
 
     def step_end(self) -> None:
+        """End the current step now (the caller defines steps: `diagnose(loader, step_fn)`)."""
         now = time.perf_counter()
+        self._cur.end = now
+        done, self._cur = self._cur, _Step(now)
+        self._record(done)
+
+    def finish(self) -> None:
+        """The script ended: a completed step not yet closed is closed now (no StopMeasuring)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._record(pending, stop=False)
+
+    # ---- step boundaries
+    def _complete(self, now: float) -> None:
+        """The iteration's work is done (an optimizer stepped, or a backward without optimizers): the step
+        waits to be closed when the next iteration starts."""
+        done, self._cur = self._cur, _Step(now)
+        done.end = now
+        if self._pending is None:
+            self._pending = done
+        else:
+            self._pending.absorb(done)
+            self._pending.end = now
+        if self.deadline is not None and now > self.deadline:
+            self.finish()
+            raise StopMeasuring("budget")
+
+    def _begin_iteration(self, now: float) -> None:
+        if self._pending is None:
+            return
+        if self.signal == "backward":  # the update and logging after the backward belong to the step
+            self._pending.absorb(self._cur)
+            self._pending.end = now
+            self._cur = _Step(now)
+        self._close(self._pending.end)
+        if self.deadline is not None and now > self.deadline:
+            raise StopMeasuring("budget")
+
+    def _close(self, end: float) -> None:
+        pending, self._pending = self._pending, None
+        assert pending is not None
+        pending.end = end
+        self._record(pending)
+
+    def _record(self, step: _Step, *, stop: bool = True) -> None:
         self.steps_seen += 1
-        if self._evaluated and self.steps_seen > self.warmup_steps:
+        phase = next((p for p in self.phases if not p.done), None)
+        measured = self._measure(step, phase)
+        if self.on_close is not None:
+            self.on_close(measured and phase is not None and phase.name == MEASURE)
+        if phase is not None and measured and phase.done:
+            if self.on_phase_end is not None:
+                self.on_phase_end(phase.name)
+            if stop and self.stop_when_done and self.done:
+                raise StopMeasuring("steps")
+
+    def _measure(self, step: _Step, phase: _Phase | None) -> bool:
+        """Add the step to its phase's rows unless it is warm-up or spans an evaluation; True if added."""
+        if phase is None:
+            return False
+        phase.seen += 1
+        if phase.seen <= phase.warmup:
+            if phase.seen == phase.warmup and phase.name == MEASURE:
+                self.measure_started_monotonic = time.monotonic()
+            return False
+        if phase.name == MEASURE and self.measure_started_monotonic is None:
+            self.measure_started_monotonic = time.monotonic()
+        if step.evaluated:
             self.evaluation_steps += 1
-        elif self.steps_seen > self.warmup_steps:
-            start, first_ask = self._step_start, self._first_ask
-            host = (first_ask - start - self._gap_sync_wait) if first_ask is not None else 0.0
-            self._rows.append((now - self.started, now - start, self._wait, self._transfer, max(0.0, host),
-                               self._samples, self._syncs))
-        self._step_start = now
-        self._wait = self._transfer = self._gap_sync_wait = 0.0
-        self._samples = self._syncs = 0
-        self._first_ask = None
-        self._evaluated = False
-        if self.stop_when_done and self.max_steps is not None and len(self._rows) >= self.max_steps:
-            raise StopMeasuring
+            return False
+        first_input = step.first_ask if step.first_ask is not None else step.first_forward
+        gap = max(0.0, first_input - step.start - step.gap_sync_wait) if first_input is not None else 0.0
+        # Without a loader, the time before the model's first forward is input preparation (data wait).
+        wait, host = (step.wait, gap) if step.first_ask is not None or self.loader_fed else (step.wait + gap, 0.0)
+        phase.rows.append((step.end - self.started, step.end - step.start, wait, step.transfer, host,
+                           step.samples or step.forward_samples, step.syncs))
+        return True
 
     # ---- read when reporting
+    def add_phase(self, name: str, *, warmup: int, steps: int) -> None:
+        self.phases.append(_Phase(name, warmup, steps))
+
+    def phase_records(self, name: str) -> list[StepRecord]:
+        return [StepRecord(*row) for p in self.phases if p.name == name for row in p.rows]
+
     @property
     def records(self) -> list[StepRecord]:
-        return [StepRecord(*row) for row in self._rows]
+        return self.phase_records(MEASURE)
 
     @property
     def done(self) -> bool:
-        return self.max_steps is not None and len(self._rows) >= self.max_steps
+        return all(p.done for p in self.phases)
+
+    @property
+    def measuring(self) -> bool:
+        """The warm-up is over and the measured steps are not all taken yet."""
+        phase = self.phases[0]
+        return phase.seen >= phase.warmup and not phase.done
+
+    @property
+    def input_source(self) -> str | None:
+        """Where training batches came from: "loader" (a timed DataLoader), "script" (no loader: the gap
+        before the model's first forward), None when neither was seen."""
+        if self.loader_fed:
+            return "loader"
+        return "script" if self.forwards else None
+
+    def seen(self) -> dict[str, int]:
+        return {"batches": self.batches, "forwards": self.forwards, "backwards": self.backwards,
+                "optimizer_steps": self.optimizer_steps}

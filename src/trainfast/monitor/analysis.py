@@ -102,3 +102,38 @@ def growth_per_minute(times: Sequence[float], values: Sequence[float]) -> float:
         return 0.0
     slope = math.fsum((t - mean_t) * (v - mean_v) for t, v in zip(times, values, strict=True)) / spread
     return slope * 60.0
+
+
+def sustained_growth_per_minute(times: Sequence[float], values: Sequence[float], counts: Sequence[float], *,
+                                since: float, min_points: int = 6, min_span_s: float = 5.0,
+                                min_relative: float = 0.05) -> float | None:
+    """Growth of the loader workers' RSS (bytes per minute) that is real, not start-up; None if too short to tell.
+
+    Only samples taken after `since` (workers up and warm: the end of the doctor's warm-up) and in the last
+    stretch with a steady, non-zero worker count count: workers starting at an epoch boundary add their whole
+    RSS to the sum, which a fit over the run reads as growth. The growth must be sustained (both halves of the
+    stretch grow) and large against where it started (`min_relative`), else 0.0: a cache warming up grows
+    once and stops; copy-on-read keeps going.
+    """
+    if not len(times) == len(values) == len(counts):
+        raise ValueError(f"times, values and counts must have the same length, got {len(times)}, {len(values)} "
+                         f"and {len(counts)}")
+    points = [(t, v, c) for t, v, c in zip(times, values, counts, strict=True) if t >= since]
+    if not points or points[-1][2] <= 0:
+        return None
+    steady = points[-1][2]
+    stretch: list[tuple[float, float]] = []
+    for t, v, c in reversed(points):
+        if c != steady:
+            break
+        stretch.append((t, v))
+    stretch.reverse()
+    if len(stretch) < min_points or stretch[-1][0] - stretch[0][0] < min_span_s:
+        return None
+    ts, vs = [t for t, _ in stretch], [v for _, v in stretch]
+    half = len(stretch) // 2
+    if growth_per_minute(ts[:half], vs[:half]) <= 0 or growth_per_minute(ts[half:], vs[half:]) <= 0:
+        return 0.0
+    if vs[0] <= 0 or (vs[-1] - vs[0]) / vs[0] < min_relative:
+        return 0.0
+    return growth_per_minute(ts, vs)

@@ -85,6 +85,11 @@ class Monitor:
         return tuple(self._sources)
 
     @property
+    def started_at(self) -> float | None:
+        """`time.monotonic()` when sampling started: `series()` times are seconds since then."""
+        return self._started_at
+
+    @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 

@@ -86,7 +86,7 @@ def test_cpu_threads_when_workers_and_threads_oversubscribe() -> None:
     ({"compiled": True, "recompiled_frames": 3, "graph_breaks": 1}, "compile", None),
     ({"conv_weights": 5}, "channels_last", None),
     ({"device": "cuda", "conv_weights": 5, "autocast": (("cuda", "bfloat16"),)}, "cudnn_benchmark", None),
-    ({"syncs_per_step": 1.0}, "host_sync", None),
+    ({"syncs_per_step": 1.0, "device": "cuda"}, "host_sync", None),
     ({"loaders": (loader(num_workers=4, prefetch_factor=2),), "shm_bytes": 2**20}, "shm_size", None),
     ({"loaders": (loader(decode="full"),), "fractions": INPUT_BOUND}, "decode_size", None),
     ({"loaders": (loader(),), "fractions": INPUT_BOUND, "jpeg_decoded_pixels": 400.0 * 300}, "decode_size", None),
@@ -119,4 +119,42 @@ def test_ranked_by_expected_gain_unknown_last() -> None:
     known = [g for g in gains if g is not None]
     assert known == sorted(known, reverse=True) and gains[len(known):] == [None] * (len(gains) - len(known))
     for r in recommend(e):
-        assert set(r.to_json()) == {"id", "title", "why", "fix", "expected_gain"} and r.why and r.fix
+        assert set(r.to_json()) == {"id", "title", "why", "fix", "expected_gain", "measured_gain", "overrides"} and r.why and r.fix
+
+
+@pytest.mark.parametrize(("slowdown", "gain"), [
+    (1.0, 100 / 50),    # as fast on 1 thread: 90 ms of loading + 10 ms of compute share 2 cores
+    (1.8, 100 / 54),    # 10 ms of compute becomes 18: 108 ms of CPU work on 2 cores
+    (12.0, None),       # 120 ms on one thread, slower than the 100 ms step now: no fix
+])
+def test_num_workers_on_the_cpu_uses_the_measured_thread_slowdown(slowdown: float, gain: float | None) -> None:
+    e = evidence(verdict="input-bound", fractions=Fractions(0.9, 0, 0, 0.1), loaders=(loader(),), cpus=2, threads=2,
+                 thread_probe=(1, slowdown))
+    recs = {r.id: r for r in recommend(e)}
+    assert ("num_workers" in recs) == (gain is not None)
+    if gain is not None:
+        rec = recs["num_workers"]
+        assert rec.expected_gain == pytest.approx(gain)
+        assert f"{slowdown:.2f}x as long on 1 intra-op thread" in rec.why and "upper bound" not in rec.why
+
+
+def test_a_compute_heavy_step_gets_no_worker_fix_that_would_slow_it() -> None:
+    """10 % data wait beside 89 % compute on 2 CPUs: fewer threads cost more than the workers save."""
+    e = evidence(fractions=Fractions(0.1, 0, 0.01, 0.89), loaders=(loader(),), cpus=2, threads=2,
+                 thread_probe=(1, 1.8))
+    assert "num_workers" not in ids(e)
+
+
+def test_host_sync_only_where_a_sync_costs_something() -> None:
+    assert "host_sync" not in ids(evidence(syncs_per_step=3.0, device="cpu"))
+    assert "host_sync" in ids(evidence(syncs_per_step=3.0, device="cuda"))
+    assert "host_sync" not in ids(evidence(syncs_per_step=0.5, device="cuda"))
+
+
+def test_fixes_the_doctor_can_inject_say_how() -> None:
+    e = evidence(verdict="input-bound", fractions=INPUT_BOUND, loaders=(loader(),), cpus=2, threads=2)
+    rec = next(r for r in recommend(e) if r.id == "num_workers")
+    assert rec.overrides == {"num_workers": 2, "persistent_workers": True, "threads": 1}
+    cuda = next(r for r in recommend(replace(e, device="cuda", cpus=8)) if r.id == "num_workers")
+    assert cuda.overrides is not None and "threads" not in cuda.overrides
+    assert rec.to_json()["measured_gain"] is None

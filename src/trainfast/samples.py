@@ -1,0 +1,36 @@
+"""How many samples a batch holds: the one rule used by the Trainer, the tuner and the doctor.
+
+A batch is whatever a loader yields: a tensor, `(inputs, targets)`, a Hugging Face style dict
+(`{"input_ids": ..., "attention_mask": ..., "labels": ...}`) or any nesting of tuples, lists and
+Mappings. Its samples are the leading dimension of its first tensor (or numpy array) leaf, found depth
+first, Mappings in their iteration (insertion) order. Other objects (strings, numbers, dataclasses) are
+not looked into.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def first_leaf(batch: Any) -> torch.Tensor | np.ndarray | None:
+    """The first tensor (or numpy array) in a batch of tuples, lists and Mappings, depth first, Mappings in
+    order; None when it holds none."""
+    if isinstance(batch, (torch.Tensor, np.ndarray)):
+        return batch
+    children = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
+    for child in children:
+        leaf = first_leaf(child)
+        if leaf is not None:
+            return leaf
+    return None
+
+
+def batch_samples(batch: Any, default: int = 1) -> int:
+    """Samples in a batch: the leading dimension of its first tensor leaf (`(x, y)`, `{"input_ids": ...}`,
+    nested ones alike); `default` when it holds no tensor, or its first one is 0-dimensional."""
+    leaf = first_leaf(batch)
+    return int(leaf.shape[0]) if leaf is not None and leaf.ndim > 0 else default
