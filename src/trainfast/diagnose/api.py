@@ -12,12 +12,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainfast.diagnose.instrument import Instrumentation
-from trainfast.diagnose.report import Report, build_report
+from trainfast.diagnose.report import Report, build_report, thread_probe
 from trainfast.diagnose.timeline import Timeline
 from trainfast.envcheck.environment import environment, loader_settings
 from trainfast.loader.prefetch import InputTransform, move
 from trainfast.monitor import Monitor
 from trainfast.samples import batch_samples, first_leaf
+from trainfast.trainer.settings import torch_settings
 
 
 def _output_field(out: Any, name: str) -> Any:
@@ -131,7 +132,9 @@ def diagnose(loader: Iterable[Any], step_fn: Callable[[Any], Any] | None = None,
     notes: list[str] = []
     loader_rate = _loader_rate(loader, steps, warmup) if replay and step_fn is not None else None
     timeline = Timeline(warmup_steps=warmup, max_steps=steps, explicit_steps=True)
-    with Monitor() as monitor, Instrumentation(timeline) as inst:
+    with torch_settings(), Monitor() as monitor, Instrumentation(timeline) as inst:
+        if step_fn is not None:
+            timeline.on_phase_end = thread_probe(timeline, inst)
         while not timeline.done:
             fetched = 0
             for batch in loader:
@@ -164,7 +167,8 @@ def diagnose(loader: Iterable[Any], step_fn: Callable[[Any], Any] | None = None,
 class Doctor:
     """Measure an existing loop: `with Doctor() as doctor: <train>`; then `doctor.report`.
 
-    Steps end at each optimizer step; the first `warmup` are not measured. Nothing is stopped early.
+    Steps are found as the zero-code doctor finds them (an iteration's optimizer steps, else its backward
+    passes; see timeline.py); the first `warmup` are not measured. Nothing is stopped early.
     """
 
     def __init__(self, *, warmup: int = 5, monitor_interval_s: float = 0.5) -> None:

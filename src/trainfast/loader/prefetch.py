@@ -8,7 +8,7 @@ On the CPU the same conversion happens inline: there is nothing to overlap.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -17,12 +17,15 @@ from trainfast.data.images import Normalize
 
 
 def move(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
-    """`batch` (tensors nested in tuples, lists and dicts) with every tensor on `device`."""
+    """`batch` (tensors nested in tuples, lists and Mappings) with every tensor on `device`.
+
+    A Mapping (a dict, or e.g. Hugging Face's `BatchEncoding`) comes back as a plain dict, in its order.
+    """
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, (tuple, list)):
         return type(batch)(move(b, device, non_blocking) for b in batch)
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         return {k: move(v, device, non_blocking) for k, v in batch.items()}
     return batch
 

@@ -77,8 +77,3 @@ def closing(*loaders: Iterable[Any] | None) -> Iterator[None]:
             if close is not None:
                 close()
 
-
-def batch_size(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor."""
-    first = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else 1

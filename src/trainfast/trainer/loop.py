@@ -12,7 +12,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +31,7 @@ from trainfast.loader.cpus import available_cpus
 from trainfast.loader.seeding import seed_all
 from trainfast.monitor import Monitor
 from trainfast.precision.policy import LossScaler, device_caps, resolve_precision
+from trainfast.samples import batch_samples
 from trainfast.trainer.callbacks import check_callbacks, emit
 from trainfast.trainer.checkpoint import (
     CheckpointError,
@@ -54,7 +55,7 @@ from trainfast.trainer.distributed import (
     gather,
     process_group,
 )
-from trainfast.trainer.feeding import batch_size, batches_per_epoch, check_sharding, closing, position, prefetch
+from trainfast.trainer.feeding import batches_per_epoch, check_sharding, closing, position, prefetch
 from trainfast.trainer.optimizer import default_optimizer
 from trainfast.trainer.progress import ProgressReporter
 from trainfast.trainer.result import FitResult
@@ -210,7 +211,7 @@ class Trainer:
             self.batch = b + 1
             self._loss_sum.add_(loss.detach())  # stays on the device until a log point
             self._loss_count += 1
-            now = clock.step_done(batch_size(batch))
+            now = clock.step_done(batch_samples(batch))
             if boundary:
                 if self.step % cfg.log_every == 0:
                     self._log_point()
@@ -236,10 +237,13 @@ class Trainer:
         if self.step_fn is not None:
             return self.step_fn(model, batch)
         try:
+            if isinstance(batch, Mapping):  # unpacking would take its first two keys as (inputs, targets)
+                raise TypeError
             inputs, targets = batch
         except (TypeError, ValueError):
-            length = f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""
-            raise TypeError(f"a batch must be (inputs, targets); got {type(batch).__name__}{length}. For other "
+            shape = (f" with keys {list(batch)}" if isinstance(batch, Mapping)
+                     else f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+            raise TypeError(f"a batch must be (inputs, targets); got {type(batch).__name__}{shape}. For other "
                             "batch layouts pass Trainer(..., step_fn=lambda model, batch: loss)") from None
         return self.loss_fn(model(inputs), targets)
 
@@ -296,7 +300,7 @@ class Trainer:
             for i, batch in enumerate(self._prefetch(loader)):
                 if self.config.limit_val_batches is not None and i >= self.config.limit_val_batches:
                     break
-                n = batch_size(batch)
+                n = batch_samples(batch)
                 if self.step_fn is not None:
                     loss_sum += self.step_fn(model, batch).float() * n
                     classify = False

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from trainfast.loader.make import make_loader
+from trainfast.samples import batch_samples
 from trainfast.trainer.settings import torch_settings
 
 StepFn = Callable[[Any], Any]
@@ -52,11 +53,6 @@ class Trial:
         return {"config": self.config.to_json(), "samples_per_s": self.samples_per_s, "seconds": self.seconds}
 
 
-def _samples(batch: Any) -> int:
-    first = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else 1
-
-
 def run_trial(dataset: Any, batch_size: int, config: LoaderConfig, *, step_fn: StepFn | None, batches: int,
               warmup: int, device: str = "auto") -> Trial:
     """Samples/s over `batches` batches after `warmup` (worker start-up, first-batch effects excluded)."""
@@ -78,7 +74,7 @@ def run_trial(dataset: Any, batch_size: int, config: LoaderConfig, *, step_fn: S
                     if seen == warmup:
                         clock = time.perf_counter()
                     elif seen > warmup:
-                        samples += _samples(batch)
+                        samples += batch_samples(batch)
                     if seen >= warmup + batches:
                         break
                 if fetched == 0:

@@ -12,6 +12,7 @@ import torch
 
 from trainfast.loader.cpus import available_cpus
 from trainfast.loader.make import make_loader
+from trainfast.samples import batch_samples
 from trainfast.tune import result as cache
 from trainfast.tune.result import TuneResult
 from trainfast.tune.search import cheapest_within, search
@@ -46,8 +47,7 @@ def _compute_rate(dataset: Any, batch_size: int, step_fn: StepFn, repeats: int =
         step_fn(batch)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    first = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return repeats * int(first.shape[0]) / (time.perf_counter() - started)
+    return repeats * batch_samples(batch) / (time.perf_counter() - started)
 
 
 def tune_loader(dataset: Any, batch_size: int, step_fn: StepFn | None = None, *, budget_s: float = 60.0,
