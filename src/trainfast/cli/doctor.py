@@ -5,19 +5,39 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from trainfast.atomic import write_json
 from trainfast.cli.flags import positive_int
 
+if TYPE_CHECKING:
+    from trainfast.diagnose.report import Report
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give seconds > 0") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not valid; give seconds > 0")
+    return value
+
+
 EXAMPLES = """examples:
   trainfast doctor train.py                          # measure 30 steps after 5 warm-up steps, then stop it
   trainfast doctor --steps 100 train.py -- --lr 0.1  # arguments after -- go to the script
   trainfast doctor -m mypkg.train -- --epochs 1      # a module, as with python -m
   trainfast doctor --json report.json --html report.html train.py
+  trainfast doctor --max-seconds 120 train.py        # stop the script after 2 minutes, report what it measured
+  trainfast doctor --verify train.py -- data/        # re-run the script per fix: measured beside expected gain
 
 The script runs unmodified, in this process, as __main__. A step ends at each optimizer.step().
+--verify costs one extra run of the script per fix it can inject (DataLoader workers, pin_memory, threads,
+...), plus two baseline runs (before and after, so drift shows), each in a fresh process and each as long
+as a doctor run (up to --max-seconds); --verify-repeats N does all of that N times and takes the median.
 Exit code: the script's own when it ends by itself or crashes (the report is printed first), 0 when the
 doctor stops it after the measured steps, 2 for bad arguments.
 """
@@ -30,6 +50,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=positive_int, default=30, help="optimizer steps to measure (default: 30)")
     p.add_argument("--warmup", type=int, default=5, help="steps to run before measuring (default: 5)")
+    p.add_argument("--max-seconds", type=positive_seconds, default=300.0, metavar="S",
+                   help="stop the script after this much wall time and report what was measured by then "
+                        "(default: 300)")
+    p.add_argument("--verify", action="store_true",
+                   help="after the run, re-run the script once per fix that can be injected without editing it "
+                        "(plus two baseline runs), each in a fresh process, and rank the fixes by measured gain")
+    p.add_argument("--verify-repeats", type=positive_int, default=1, metavar="N",
+                   help="with --verify: repeat the baseline/fixes/baseline sequence N times and take the median "
+                        "(default: 1)")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the report as JSON")
     p.add_argument("--html", type=Path, default=None, metavar="PATH", help="write a self-contained HTML report")
     p.add_argument("-m", dest="module", default=None, metavar="MODULE", help="run a module instead of a script")
@@ -57,7 +86,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"--warmup {args.warmup} is not valid; use 0 or more steps")
     if not args.module and not Path(target).is_file():
         parser.error(f"no script at {target!r}; give a Python file, or -m MODULE for a module")
-    result = run_doctor(target, module=bool(args.module), args=script_args, steps=args.steps, warmup=args.warmup)
+    result = run_doctor(target, module=bool(args.module), args=script_args, steps=args.steps, warmup=args.warmup,
+                        max_seconds=args.max_seconds)
+    if args.verify:
+        _verify(result.report, target, module=bool(args.module), script_args=script_args, args=args)
     console = Console(stderr=False)
     result.report.render(console)
     if args.json:
@@ -70,3 +102,38 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if result.error:
         print(result.error, file=sys.stderr, end="")
     return result.exit_code
+
+
+def _verify(report: Report, target: str, *, module: bool, script_args: list[str], args: argparse.Namespace) -> None:
+    """Measure the injectable fixes in fresh processes; the report gets the ranked, measured fixes."""
+    from trainfast.diagnose.verify import verify_fixes
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    fixes = [r for r in report.recommendations if r.overrides]
+    if not fixes:
+        say("verify: no fix to re-run: " + ("none of the fixes can be injected into the script without editing it"
+                                            if report.recommendations else "the doctor recommended none"))
+    else:
+        runs = (len(fixes) + 2) * args.verify_repeats
+        say(f"verify: {runs} more run(s) of the script, each in a fresh process and up to {args.max_seconds:g} s: "
+            f"baseline, {', '.join(r.id for r in fixes)}, baseline" + (f"; x{args.verify_repeats}"
+                                                                     if args.verify_repeats > 1 else ""))
+    try:
+        ranked, info = verify_fixes(target, module=module, args=script_args, recommendations=report.recommendations,
+                                    steps=args.steps, warmup=args.warmup, max_seconds=args.max_seconds,
+                                    repeats=args.verify_repeats, progress=say)
+    except KeyboardInterrupt:  # the child was killed; the report still has the first run's estimates
+        say("verify: interrupted; the report shows the estimated gains only")
+        return
+    report.recommendations = ranked
+    report.verify = info
+    baselines = [f"{v:,.1f}" if v is not None else "failed" for v in info["baseline_samples_per_s"]]
+    if baselines:
+        drift = ", ".join(f"{d - 1:+.0%}" for d in info["baseline_drift"]) or "n/a"
+        say(f"verify: baseline {' / '.join(baselines)} samples/s (drift after/before: {drift}); "
+            f"{len(info['runs'])} run(s) in {info['seconds']:.0f} s")
+    for fix_id, gain in info["gains"].items():
+        if gain["median"] is None:
+            say(f"verify: {fix_id} not measured: {gain['error'] or 'no result'}")

@@ -335,6 +335,9 @@ def _fixes(report: dict[str, Any]) -> str:
         gain = _num(rec.get("expected_gain"))
         gain_html = (f'<div class="gain" title="expected speed-up">{gain:.2f}x</div>' if gain is not None
                      else '<div class="gain unknown" title="expected speed-up unknown">?</div>')
+        measured = _num(rec.get("measured_gain"))
+        if measured is not None:  # --verify re-ran the script with the fix
+            gain_html += f'<div class="gain" title="measured speed-up (--verify)">measured {measured:.2f}x</div>'
         rid = f' <span class="muted">({_e(rec["id"])})</span>' if rec.get("id") not in (None, "") else ""
         items.append(f'<li><div class="rank">{rank}</div><div class="fix-title">{_e(rec.get("title") or NA)}{rid}'
                      f'</div>{gain_html}<div class="why">{_e(rec.get("why") or NA)}</div>'

@@ -1,0 +1,383 @@
+"""`trainfast doctor --verify`: measure each fix instead of estimating it.
+
+A fix with `overrides` can be injected into the unmodified script: `apply_overrides` patches
+`DataLoader.__init__` (num_workers, pin_memory, persistent_workers, prefetch_factor) and sets torch's
+global settings (intra-op threads, cudnn.benchmark, TF32) for as long as it is active.
+
+`verify_fixes` re-runs the script once per fix, each in a fresh process (`python -m
+trainfast.diagnose.verify SPEC.json`, which runs the doctor inside `apply_overrides`), between two runs of
+the unchanged script: base, fix 1, ..., fix N, base (ABA), so drift over the runs shows. A fix's measured
+gain is its samples/s over the mean of the two baselines of the same repeat; over several repeats, the
+median. Every child gets the same environment, working directory and interpreter: the overrides, passed
+in the spec file, are the only difference between a fix's run and the baseline.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from trainfast.atomic import write_json
+from trainfast.diagnose.recommend import Recommendation
+
+log = logging.getLogger("trainfast.diagnose.verify")
+
+LOADER_KEYS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
+SETTING_KEYS = ("threads", "cudnn_benchmark", "tf32")
+VALID_KEYS = LOADER_KEYS + SETTING_KEYS
+# DataLoader arguments only valid with worker processes: a num_workers=0 override drops them.
+WORKER_ONLY = ("persistent_workers", "prefetch_factor", "multiprocessing_context")
+# A child pays the Python + torch import and the report on top of the doctor's own --max-seconds.
+STARTUP_MARGIN_S = 60.0
+OUTPUT_TAIL_CHARS = 4000
+BASELINE = "baseline"
+
+
+def check_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """`overrides` as a plain dict, or ValueError naming the unknown key or the bad value."""
+    result = dict(overrides)
+    for key, value in result.items():
+        if key not in VALID_KEYS:
+            raise ValueError(f"unknown override {key!r}; valid overrides: {', '.join(VALID_KEYS)}")
+        if key in ("num_workers", "threads", "prefetch_factor"):
+            low = 0 if key == "num_workers" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"override {key}={value!r}: give an integer >= {low}")
+        elif not isinstance(value, bool):
+            raise ValueError(f"override {key}={value!r}: give true or false")
+    return result
+
+
+def loader_arguments(arguments: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """DataLoader arguments (by parameter name) with the loader overrides applied, never an invalid mix:
+    persistent_workers and prefetch_factor only apply with worker processes, and a num_workers=0 override
+    drops the script's own worker-only arguments."""
+    result = dict(arguments)
+    workers = overrides.get("num_workers", result.get("num_workers", 0))
+    for key in ("num_workers", "pin_memory"):
+        if key in overrides:
+            result[key] = overrides[key]
+    if workers > 0:
+        for key in ("persistent_workers", "prefetch_factor"):
+            if key in overrides:
+                result[key] = overrides[key]
+    elif "num_workers" in overrides:
+        for key in WORKER_ONLY:
+            if result.get(key):
+                result[key] = False if key == "persistent_workers" else None
+    return result
+
+
+def _patch_loader(stack: ExitStack, overrides: Mapping[str, Any]) -> None:
+    owner_has_init = "__init__" in DataLoader.__dict__
+    original = DataLoader.__dict__.get("__init__", DataLoader.__init__)
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def __init__(self: DataLoader[Any], *args: Any, **kwargs: Any) -> None:
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError:  # a call the constructor rejects anyway: let it say why
+            original(self, *args, **kwargs)
+            return
+        bound.arguments.update(loader_arguments(bound.arguments, overrides))
+        original(*bound.args, **bound.kwargs)
+
+    def restore() -> None:
+        if owner_has_init:
+            DataLoader.__init__ = original  # type: ignore[method-assign]
+        else:
+            del DataLoader.__init__
+    DataLoader.__init__ = __init__  # type: ignore[method-assign]
+    stack.callback(restore)
+
+
+def _pin_threads(stack: ExitStack, threads: int) -> None:
+    original = torch.set_num_threads
+    saved = torch.get_num_threads()
+    owner = os.getpid()
+
+    def set_num_threads(nthreads: int) -> None:
+        if os.getpid() != owner:  # a forked DataLoader worker's own set_num_threads(1): let it through
+            original(nthreads)
+        else:
+            log.debug("verify: ignored torch.set_num_threads(%s); the fix runs with %d thread(s)", nthreads, threads)
+    set_num_threads.__doc__ = f"trainfast doctor --verify: ignored while the fix pins {threads} thread(s)"
+
+    def restore() -> None:
+        torch.set_num_threads = original
+        original(saved)
+    stack.callback(restore)
+    original(threads)
+    torch.set_num_threads = set_num_threads
+
+
+@contextmanager
+def apply_overrides(overrides: Mapping[str, Any]) -> Iterator[None]:
+    """While active: every DataLoader constructed takes the loader overrides, torch runs with `threads`
+    intra-op threads (the script's own torch.set_num_threads calls are ignored), cudnn.benchmark and TF32 as
+    given. Everything is put back on exit, also on an exception. Unknown keys raise ValueError."""
+    checked = check_overrides(overrides)
+    with ExitStack() as stack:
+        loader = {k: v for k, v in checked.items() if k in LOADER_KEYS}
+        if loader:
+            _patch_loader(stack, loader)
+        if "threads" in checked:
+            _pin_threads(stack, checked["threads"])
+        if "cudnn_benchmark" in checked:
+            saved_benchmark = torch.backends.cudnn.benchmark
+
+            def restore_benchmark() -> None:
+                torch.backends.cudnn.benchmark = saved_benchmark
+            stack.callback(restore_benchmark)
+            torch.backends.cudnn.benchmark = checked["cudnn_benchmark"]
+        if "tf32" in checked:
+            saved_precision, saved_cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+
+            def restore_tf32() -> None:
+                torch.set_float32_matmul_precision(saved_precision)
+                torch.backends.cudnn.allow_tf32 = saved_cudnn
+            stack.callback(restore_tf32)
+            torch.set_float32_matmul_precision("high" if checked["tf32"] else "highest")
+            torch.backends.cudnn.allow_tf32 = checked["tf32"]
+        yield
+
+
+# ---------------------------------------------------------------------------------------------- ranking
+
+
+def rank_verified(recommendations: Sequence[Recommendation]) -> list[Recommendation]:
+    """Largest gain first, by the measured gain where there is one, else the expected gain; then the fixes
+    with neither; last the ones measured slower than the baseline (gain < 1), never first. Stable."""
+    def key(r: Recommendation) -> tuple[int, float]:
+        if r.measured_gain is not None:
+            return (0, -r.measured_gain) if r.measured_gain >= 1.0 else (2, -r.measured_gain)
+        if r.expected_gain is not None:
+            return 0, -r.expected_gain
+        return 1, 0.0
+    return sorted(recommendations, key=key)
+
+
+# ------------------------------------------------------------------------------------------- the child
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m trainfast.diagnose.verify SPEC.json`: one doctor run with the spec's overrides applied."""
+    from trainfast.diagnose.runner import run_doctor
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 1:
+        print("usage: python -m trainfast.diagnose.verify SPEC.json", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(argv[0]).read_text())
+    with apply_overrides(spec.get("overrides") or {}):
+        run = run_doctor(spec["target"], module=bool(spec.get("module")), args=list(spec.get("args") or []),
+                         steps=int(spec["steps"]), warmup=int(spec["warmup"]), max_seconds=spec.get("max_seconds"),
+                         probe_threads=False)  # the fix itself is what this run measures
+    write_json(spec["out"], {"exit_code": run.exit_code, "error": run.error, "report": run.report.to_json()})
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- orchestrator
+
+
+def _child_env() -> dict[str, str]:
+    """The one environment every child gets: this process's, with this trainfast importable."""
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"  # the output tail survives a kill on timeout
+    package_root = str(Path(__file__).resolve().parents[2])
+    if Path(package_root).name not in ("site-packages", "dist-packages"):
+        paths = env.get("PYTHONPATH", "").split(os.pathsep) if env.get("PYTHONPATH") else []
+        if package_root not in paths:
+            env["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
+    return env
+
+
+def _tail(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - OUTPUT_TAIL_CHARS))
+            return f.read().decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _end_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the child's session (it, and any loader workers it left) if anything of it is still there."""
+    if hasattr(os, "killpg"):
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    elif proc.poll() is None:
+        proc.kill()
+
+
+def _applied(overrides: Mapping[str, Any], loaders: list[dict[str, Any]]) -> bool:
+    """Did the loader overrides reach a loader the steps used? (True when there are none to check.)"""
+    wanted = {k: v for k, v in overrides.items() if k in LOADER_KEYS}
+    if not wanted:
+        return True
+    if wanted.get("num_workers", 1) == 0 or not any(loader.get("num_workers") for loader in loaders):
+        wanted = {k: v for k, v in wanted.items() if k in ("num_workers", "pin_memory")}
+    return any(all(loader.get(k) == v for k, v in wanted.items()) for loader in loaders)
+
+
+def _run_child(label: str, overrides: Mapping[str, Any] | None, spec: dict[str, Any], *, workdir: Path, name: str,
+               env: dict[str, str], cwd: str, timeout_s: float | None) -> dict[str, Any]:
+    """One fresh-process doctor run; never raises for the script's or the child's failure."""
+    spec_path, out, log_path = (workdir / f"{name}.spec.json", workdir / f"{name}.out.json",
+                                workdir / f"{name}.log")
+    write_json(spec_path, spec | {"overrides": dict(overrides or {}), "out": str(out)})
+    started = time.perf_counter()
+    timed_out = False
+    with log_path.open("wb") as output:
+        proc = subprocess.Popen([sys.executable, "-m", "trainfast.diagnose.verify", str(spec_path)],
+                                stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            _end_group(proc)
+            returncode = proc.wait()
+    seconds = time.perf_counter() - started
+    run: dict[str, Any] = {"fix": label, "overrides": dict(overrides) if overrides else None, "samples_per_s": None,
+                           "verdict": None, "data_wait_fraction": None, "exit_code": None, "seconds": seconds,
+                           "error": None, "loaders": []}
+    tail = _tail(log_path)
+    last = tail.splitlines()[-1] if tail else ""
+    if timed_out:
+        run.update(error=f"timed out after {timeout_s:g} s and was killed" + (f"; last output: {last}" if last else ""),
+                   output_tail=tail)
+        return run
+    try:
+        result = json.loads(out.read_text())
+    except (OSError, ValueError):
+        run.update(error=f"the verify process exited with code {returncode} without a report"
+                   + (f": {last}" if last else ""), output_tail=tail)
+        return run
+    report = result.get("report") or {}
+    loaders = [{k: loader.get(k) for k in ("index", "kind", *LOADER_KEYS)} for loader in report.get("loaders", [])]
+    run.update(samples_per_s=report.get("samples_per_s"), verdict=report.get("verdict"),
+               data_wait_fraction=report.get("data_wait_fraction"), exit_code=result.get("exit_code"),
+               loaders=loaders)
+    if result.get("exit_code"):
+        lines = (result.get("error") or "").strip().splitlines() or [f"exit code {result.get('exit_code')}"]
+        run["error"] = f"the script failed: {lines[-1]}"
+    elif not run["samples_per_s"]:
+        run["error"] = f"nothing measured: {report.get('verdict_reason') or 'no training step'}"
+    elif overrides and not _applied(overrides, loaders):
+        run["error"] = (f"the overrides {dict(overrides)} did not reach a DataLoader the measured steps used "
+                        f"(loaders: {loaders})")
+    if run["error"]:
+        run["output_tail"] = tail
+    return run
+
+
+def _fmt_overrides(overrides: Mapping[str, Any] | None) -> str:
+    return ", ".join(f"{k}={v}" for k, v in (overrides or {}).items())
+
+
+def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | None = None,
+                 recommendations: Sequence[Recommendation], steps: int = 30, warmup: int = 5,
+                 max_seconds: float | None = 300.0, repeats: int = 1, progress: Callable[[str], None] | None = None,
+                 startup_margin_s: float = STARTUP_MARGIN_S) -> tuple[list[Recommendation], dict[str, Any]]:
+    """Re-run `target` per fix with `overrides` (fresh processes, ABA with a baseline); return the
+    recommendations with `measured_gain` filled and ranked (`rank_verified`), and the record for `Report.verify`."""
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats!r}: give 1 or more")
+    say = progress or (lambda line: None)
+    started = time.perf_counter()
+    fixes: list[tuple[Recommendation, dict[str, Any]]] = []
+    runs: list[dict[str, Any]] = []
+    invalid: dict[str, str] = {}
+    for r in recommendations:
+        if r.overrides:
+            try:
+                fixes.append((r, check_overrides(r.overrides)))
+            except ValueError as e:
+                invalid[r.id] = str(e)
+    info: dict[str, Any] = {"runs": runs, "baseline_samples_per_s": [], "gains": {}, "seconds": 0.0,
+                            "repeats": repeats, "steps": steps, "warmup": warmup, "baseline_drift": []}
+    gains: dict[str, dict[str, Any]] = {
+        r.id: {"median": None, "min": None, "max": None, "measured_repeats": 0, "error": invalid.get(r.id)}
+        for r in recommendations if r.overrides}
+    info["gains"] = gains
+    if not fixes:
+        info["note"] = "no fix could be injected into the script: nothing was re-run"
+        return rank_verified(recommendations), info
+
+    plan: list[tuple[str, dict[str, Any] | None]] = [(BASELINE, None), *((r.id, o) for r, o in fixes),
+                                                     (BASELINE, None)]
+    total = len(plan) * repeats
+    spec = {"target": target, "module": module, "args": list(args or []), "steps": steps, "warmup": warmup,
+            "max_seconds": max_seconds}
+    env, cwd = _child_env(), os.getcwd()
+    timeout_s = None if max_seconds is None else max_seconds + startup_margin_s
+    ratios: dict[str, list[float]] = {r.id: [] for r, _ in fixes}
+    with tempfile.TemporaryDirectory(prefix="trainfast-verify-") as tmp:
+        for repeat in range(repeats):
+            this_repeat: list[dict[str, Any]] = []
+            for label, overrides in plan:
+                n = len(runs) + 1
+                what = "baseline (the script unchanged)" if overrides is None else \
+                    f"fix {label} ({_fmt_overrides(overrides)})"
+                say(f"verify {n}/{total}: {what} ...")
+                run = _run_child(label, overrides, spec, workdir=Path(tmp), name=f"run{n:03d}", env=env, cwd=cwd,
+                                 timeout_s=timeout_s)
+                run["repeat"] = repeat
+                runs.append(run)
+                this_repeat.append(run)
+                if run["error"]:
+                    say(f"verify {n}/{total}: {label} failed after {run['seconds']:.1f} s: {run['error']}")
+                else:
+                    say(f"verify {n}/{total}: {label}: {run['samples_per_s']:,.1f} samples/s "
+                        f"in {run['seconds']:.1f} s")
+            bases = [r for r in this_repeat if r["fix"] == BASELINE]
+            info["baseline_samples_per_s"].extend(r["samples_per_s"] for r in bases)
+            good = [r["samples_per_s"] for r in bases if not r["error"]]
+            if len(good) == 2:
+                info["baseline_drift"].append(good[1] / good[0])
+            if not good:
+                for r, _ in fixes:
+                    gains[r.id]["error"] = gains[r.id]["error"] or "no baseline run measured anything"
+                continue
+            baseline = statistics.fmean(good)
+            for run in this_repeat:
+                if run["fix"] == BASELINE:
+                    continue
+                if run["error"]:
+                    gains[run["fix"]]["error"] = gains[run["fix"]]["error"] or run["error"]
+                else:
+                    ratios[run["fix"]].append(run["samples_per_s"] / baseline)
+    measured: dict[str, float] = {}
+    for fix_id, values in ratios.items():
+        if values:
+            measured[fix_id] = statistics.median(values)
+            gains[fix_id].update(median=measured[fix_id], min=min(values), max=max(values),
+                                 measured_repeats=len(values))
+    info["seconds"] = time.perf_counter() - started
+    verified = [replace(r, measured_gain=measured.get(r.id)) if r.overrides else r for r in recommendations]
+    return rank_verified(verified), info
+
+
+if __name__ == "__main__":
+    sys.exit(main())
