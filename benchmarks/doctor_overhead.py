@@ -1,6 +1,7 @@
 """What the doctor's instrumentation costs a training step.
 
-Two measurements, interleaved, median of `--repeats` rounds, one thread:
+Two measurements, interleaved, median of `--repeats` rounds, one thread, each loop timed on its second pass
+(the instrumented one's first pass finds the model: a one-off scan, reported as `discovery_ms`):
   - per-step cost of the hooks alone: a loop whose step is a one-parameter SGD update over a DataLoader of
     ready batches, plain vs instrumented (the difference of the fastest rounds is the hooks' cost);
   - the smallest realistic step, Linear(32, 10) on a DataLoader over a TensorDataset (batch 64), plain vs
@@ -24,7 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from trainfast.atomic import write_json
 from trainfast.bench.hardware import describe, hardware
 from trainfast.bench.timing import Spread, interleave, ratios
-from trainfast.diagnose.instrument import Instrumentation
+from trainfast.diagnose.instrument import Instrumentation, root_modules
 from trainfast.diagnose.timeline import Timeline
 
 
@@ -61,23 +62,43 @@ def tiny_training_loop(samples: int) -> Any:
 
 
 def instrumented(run: Any) -> Any:
+    """The loop under instrumentation, timed on its second pass: the one-off model discovery (a scan of the
+    garbage collector's objects, measured apart as `discovery_ms`) happens in the first."""
     def wrapped() -> float:
         with Instrumentation(Timeline(warmup_steps=0)):
+            run()
             return float(run())
     return wrapped
 
 
+def twice(run: Any) -> Any:
+    def wrapped() -> float:
+        run()
+        return float(run())
+    return wrapped
+
+
+def discovery_ms(repeats: int = 5) -> float:
+    """Milliseconds one scan for root modules takes in this process (median)."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        root_modules()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e3
+
+
 def measure(repeats: int, null_steps: int = 5000, samples: int = 64 * 150) -> dict[str, Any]:
     null, tiny = null_step_loop(null_steps), tiny_training_loop(samples)
-    hooks = interleave({"plain": null, "instrumented": instrumented(null)}, repeats=repeats)
-    loops = interleave({"plain": tiny, "instrumented": instrumented(tiny)}, repeats=repeats)
+    hooks = interleave({"plain": twice(null), "instrumented": instrumented(null)}, repeats=repeats)
+    loops = interleave({"plain": twice(tiny), "instrumented": instrumented(tiny)}, repeats=repeats)
     # The minimum of many rounds: the cost is a few microseconds, the noise here is of the same order and
     # only ever adds time.
     cost_s = min(hooks["instrumented"]) - min(hooks["plain"])
     step_s = statistics.median(loops["plain"])
     return {"hook_cost_us": cost_s * 1e6, "tiny_step_us": step_s * 1e6, "hook_cost_fraction": cost_s / step_s,
             "tiny_loop_overhead": Spread.of([r - 1 for r in ratios(loops["instrumented"], loops["plain"])]).to_json(),
-            "repeats": repeats}
+            "discovery_ms": discovery_ms(), "repeats": repeats}
 
 
 def main() -> None:
@@ -90,6 +111,7 @@ def main() -> None:
     print(f"{describe(report['hardware'])}, 1 thread")
     print(f"hook cost       {report['hook_cost_us']:.2f} us per step "
           f"({report['hook_cost_fraction']:.2%} of the {report['tiny_step_us']:.0f} us tiny step); goal <= 1%")
+    print(f"model discovery {report['discovery_ms']:.0f} ms once per run (a scan of the gc's objects, in warm-up)")
     spread = report["tiny_loop_overhead"]
     print(f"tiny loop       {spread['median']:+.2%} median of {args.repeats} interleaved pairs "
           f"(p25-p75 {spread['p25']:+.2%} to {spread['p75']:+.2%})")

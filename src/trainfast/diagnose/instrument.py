@@ -93,7 +93,8 @@ def _batch_info(batch: Any) -> tuple[int, tuple[int, int] | None]:
 
 
 def root_modules() -> list[nn.Module]:
-    """Every live module that is no other module's child: the models (and loss modules) a script calls."""
+    """Every live module with parameters that is no other module's child: the models a script calls (loss and
+    metric modules hold no parameters)."""
     with warnings.catch_warnings():  # type() rather than isinstance(): some lazy torch objects warn on __class__
         warnings.simplefilter("ignore")
         modules = [o for o in gc.get_objects() if issubclass(type(o), nn.Module)]
@@ -101,7 +102,8 @@ def root_modules() -> list[nn.Module]:
     for module in modules:
         children.update(id(c) for c in vars(module).get("_modules", {}).values() if c is not None)
     # torch.fx / dynamo's graph modules are torch.compile's insides, called within the compiled frame
-    return [m for m in modules if id(m) not in children and not type(m).__module__.startswith(("torch.fx", "torch._"))]
+    return [m for m in modules if id(m) not in children and not type(m).__module__.startswith(("torch.fx", "torch._"))
+            and next(m.parameters(), None) is not None]
 
 
 class DeviceEvents:
@@ -328,12 +330,16 @@ class Instrumentation:
         """The timeline closed a step: keep the compile counters and CUDA events in step with it."""
         if not self.observed.dynamo_at_warmup and self.timeline.measuring:
             self.observed.dynamo_at_warmup = dynamo_counts()
+        self.discover("step")
         if self.device_events is not None:
             self.device_events.step_closed(measured)
 
     def discover(self, trigger: str) -> None:
-        """Hook the root modules, the first time each kind of event is seen, until a forward has been seen."""
-        if trigger in self._discovered_on or self.timeline.forwards:
+        """Hook the root modules at the first batch, backward, optimizer step or sync, and once more at the first
+        completed step if no forward was seen by then (the model was built late): two scans at most."""
+        first = not self._discovered_on
+        late = trigger == "step" and "step" not in self._discovered_on
+        if self.timeline.forwards or not (first or late):
             return
         self._discovered_on.add(trigger)
         started = perf_counter()

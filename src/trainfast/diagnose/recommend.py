@@ -88,8 +88,9 @@ def num_workers(e: Evidence) -> Recommendation | None:
         if probe is not None and probe[0] == proposed:  # measured: the model step on fewer threads
             slower = compute * probe[1]  # on `proposed` threads: that many cores busy for that long
             new_step = max(slower, per_batch / k, (per_batch + slower * proposed) / e.cpus)
-            caveat = (f"; measured: the model step takes {probe[1]:.2f}x as long on {proposed} intra-op thread(s), "
-                      "which leave the workers their cores")
+            change = f"{probe[1]:.2f}x as long" if probe[1] >= 1 else f"{1 / probe[1]:.1f}x faster"
+            caveat = (f"; measured: the model step is {change} on {proposed} intra-op thread(s), which leave the "
+                      "workers their cores")
         else:
             new_step = max(new_step, (per_batch + compute) / e.cpus)
             caveat = ("; on the CPU the workers share the cores with the model step, so this is an upper bound, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -96,8 +97,10 @@ def _no_verdict_reason(seen: dict[str, int], warmup: int) -> str:
             "or give the script more steps")
 
 
-# The runner's extra phase: a few steps at the thread count a loader fix would leave the model step.
+# The extra phase: a few steps (after a short warm-up of their own) at the thread count a loader fix would
+# leave the model step.
 THREADS_PHASE = "threads"
+PROBE_WARMUP, PROBE_STEPS = 2, 5
 # A spread this wide (p90 over p50) makes per-step figures unreliable: other load, or uneven steps.
 NOISY_SPREAD = 2.0
 # Other processes busy on this many cores while measuring take time from the script's own.
@@ -146,6 +149,18 @@ def _evidence(timeline: Timeline, instrumentation: Instrumentation, records: lis
         wait_spike_ratio=_percentile(waits, 0.95) / mean_wait if mean_wait > 0 else None,
         worker_rss_growth_per_min=_worker_rss_growth(monitor, timeline.measure_started_monotonic),
         loader_headroom=loader_headroom, thread_probe=thread_probe, input_source=timeline.input_source)
+
+
+def thread_probe(timeline: Timeline, instrumentation: Instrumentation) -> Callable[[str], None]:
+    """A `Timeline.on_phase_end`: when the measured steps are in and the loader fix about to be proposed on the
+    CPU would take intra-op threads from the model step, measure a few more steps at that thread count (on 2
+    CPUs a compute-heavy step can take 1.8x as long on one thread). The caller restores the thread count."""
+    def on_phase_end(phase: str) -> None:
+        threads = proposed_threads(timeline, instrumentation) if phase == "measure" else None
+        if threads is not None:
+            timeline.add_phase(THREADS_PHASE, warmup=PROBE_WARMUP, steps=PROBE_STEPS)
+            torch.set_num_threads(threads)
+    return on_phase_end
 
 
 def proposed_threads(timeline: Timeline, instrumentation: Instrumentation) -> int | None:

@@ -29,10 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from trainfast.diagnose.instrument import Instrumentation
-from trainfast.diagnose.report import THREADS_PHASE, Report, build_report, proposed_threads
+from trainfast.diagnose.report import Report, build_report, thread_probe
 from trainfast.diagnose.timeline import StopMeasuring, Timeline
 from trainfast.envcheck.environment import environment, preflight
 from trainfast.monitor import Monitor
@@ -48,8 +46,6 @@ class DoctorRun:
 
 # Long enough for a slow start (dataset indexing, compilation) and 35 steps of a second each.
 DEFAULT_MAX_SECONDS = 300.0
-# Steps measured at the proposed thread count, after a short warm-up of their own.
-PROBE_WARMUP, PROBE_STEPS = 2, 5
 
 
 @contextmanager
@@ -73,9 +69,10 @@ def _alarm(seconds: float | None) -> Iterator[None]:
 
 def run_doctor(target: str, *, module: bool = False, args: list[str] | None = None, steps: int = 30,
                warmup: int = 5, max_seconds: float | None = DEFAULT_MAX_SECONDS,
-               monitor_interval_s: float = 0.5) -> DoctorRun:
+               monitor_interval_s: float = 0.5, probe_threads: bool = True) -> DoctorRun:
     """Run `target` (a script path, or a module name with `module=True`) and measure `steps` steps, stopping it
-    after `max_seconds` of wall time whatever it has measured by then (None: no limit)."""
+    after `max_seconds` of wall time whatever it has measured by then (None: no limit). `probe_threads=False`
+    skips the extra steps at a proposed thread count (a `--verify` run measures the fix itself)."""
     if not module and not Path(target).is_file():
         raise FileNotFoundError(f"no script at {target!r}; give a Python file, or -m MODULE for a module")
     if max_seconds is not None and not max_seconds > 0:
@@ -102,13 +99,8 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
     # torch_settings() puts back the thread count, cudnn.benchmark and TF32 the script may change
     with torch_settings(), Monitor(interval_s=monitor_interval_s) as monitor, \
             Instrumentation(timeline, on_loader=on_loader) as inst:
-
-        def probe_threads(phase: str) -> None:  # the measured steps are in: try the proposed thread count?
-            threads = proposed_threads(timeline, inst) if phase == "measure" else None
-            if threads is not None:
-                timeline.add_phase(THREADS_PHASE, warmup=PROBE_WARMUP, steps=PROBE_STEPS)
-                torch.set_num_threads(threads)  # torch_settings() puts the script's own count back
-        timeline.on_phase_end = probe_threads
+        if probe_threads:
+            timeline.on_phase_end = thread_probe(timeline, inst)  # torch_settings() puts the thread count back
         try:
             remaining = None if max_seconds is None else max(1e-3, started + max_seconds - time.perf_counter())
             with _alarm(remaining):

@@ -59,7 +59,7 @@ class StopMeasuring(BaseException):
         self.reason = reason
 
 
-@dataclass
+@dataclass(slots=True)
 class _Step:
     """What one step accumulates while it runs."""
 
@@ -74,8 +74,9 @@ class _Step:
     first_forward: float | None = None
     counted_forward: bool = False
     evaluated: bool = False
+    partial: bool = False  # began mid-iteration: dropped, not counted
     end: float = 0.0
-    optimizers: set[int] = field(default_factory=set)
+    optimizers: tuple[int, ...] = ()
 
     def absorb(self, later: _Step) -> None:
         """A later part of the same iteration (a second optimizer's step) joins this one."""
@@ -85,7 +86,7 @@ class _Step:
         self.forward_samples += later.forward_samples
         self.syncs += later.syncs
         self.evaluated = self.evaluated or later.evaluated
-        self.optimizers |= later.optimizers
+        self.optimizers += later.optimizers
 
 
 @dataclass
@@ -119,6 +120,7 @@ class Timeline:
         self.on_phase_end: Callable[[str], None] | None = None
         self.on_close: Callable[[bool], None] | None = None  # after each step closes: was it a measured one?
         self.phases = [_Phase(MEASURE, warmup_steps, max_steps)]
+        self._phase: _Phase | None = self.phases[0]  # the first phase not done
         self._cur = _Step(self.started)
         self._pending: _Step | None = None
 
@@ -170,12 +172,15 @@ class Timeline:
                     phase.rows.clear()
                     phase.seen = 0
                 self.steps_seen = self.evaluation_steps = 0
-                self._pending = None
+                if self._pending is not None:  # the micro-batches since the last one closed join this step
+                    self._pending.absorb(self._cur)
+                    self._cur, self._pending = self._pending, None
+                self._cur.partial = self.backwards > 1  # it began at a micro-batch: too short to count
             self.signal = "optimizer"
         key = id(optimizer)
         if self._pending is not None and key in self._pending.optimizers:  # the same optimizer again: a new step
             self._close(self._pending.end)
-        self._cur.optimizers.add(key)
+        self._cur.optimizers += (key,)
         self._complete(now)
 
     def transferred(self, seconds: float) -> None:
@@ -237,8 +242,12 @@ class Timeline:
         self._record(pending)
 
     def _record(self, step: _Step, *, stop: bool = True) -> None:
+        if step.partial:
+            return
         self.steps_seen += 1
-        phase = next((p for p in self.phases if not p.done), None)
+        phase = self._phase
+        if phase is not None and phase.done:
+            phase = self._phase = next((p for p in self.phases if not p.done), None)
         measured = self._measure(step, phase)
         if self.on_close is not None:
             self.on_close(measured and phase is not None and phase.name == MEASURE)
@@ -273,6 +282,8 @@ class Timeline:
     # ---- read when reporting
     def add_phase(self, name: str, *, warmup: int, steps: int) -> None:
         self.phases.append(_Phase(name, warmup, steps))
+        if self._phase is None or self._phase.done:
+            self._phase = self.phases[-1]
 
     def phase_records(self, name: str) -> list[StepRecord]:
         return [StepRecord(*row) for p in self.phases if p.name == name for row in p.rows]

@@ -119,11 +119,13 @@ def test_ranked_by_expected_gain_unknown_last() -> None:
     known = [g for g in gains if g is not None]
     assert known == sorted(known, reverse=True) and gains[len(known):] == [None] * (len(gains) - len(known))
     for r in recommend(e):
-        assert set(r.to_json()) == {"id", "title", "why", "fix", "expected_gain", "measured_gain", "overrides"} and r.why and r.fix
+        assert set(r.to_json()) == {"id", "title", "why", "fix", "expected_gain", "measured_gain", "overrides"}
+        assert r.why and r.fix
 
 
 @pytest.mark.parametrize(("slowdown", "gain"), [
     (1.0, 100 / 50),    # as fast on 1 thread: 90 ms of loading + 10 ms of compute share 2 cores
+    (0.1, 100 / 45.5),  # 2 threads stalled on a busy machine: 10x faster on one, the loading bounds it
     (1.8, 100 / 54),    # 10 ms of compute becomes 18: 108 ms of CPU work on 2 cores
     (12.0, None),       # 120 ms on one thread, slower than the 100 ms step now: no fix
 ])
@@ -135,7 +137,8 @@ def test_num_workers_on_the_cpu_uses_the_measured_thread_slowdown(slowdown: floa
     if gain is not None:
         rec = recs["num_workers"]
         assert rec.expected_gain == pytest.approx(gain)
-        assert f"{slowdown:.2f}x as long on 1 intra-op thread" in rec.why and "upper bound" not in rec.why
+        change = f"{slowdown:.2f}x as long" if slowdown >= 1 else f"{1 / slowdown:.1f}x faster"
+        assert f"is {change} on 1 intra-op thread" in rec.why and "upper bound" not in rec.why
 
 
 def test_a_compute_heavy_step_gets_no_worker_fix_that_would_slow_it() -> None:

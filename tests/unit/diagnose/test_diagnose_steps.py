@@ -1,0 +1,187 @@
+"""What a step is, from the events a script produces (synthetic clock): optimizer steps grouped per iteration,
+backward passes without an optimizer, input preparation without a loader, the time budget and extra phases."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from trainfast.diagnose import timeline as timeline_module
+from trainfast.diagnose.timeline import StopMeasuring, Timeline
+
+D, G = object(), object()  # two optimizers
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
+    now = [100.0]
+    monkeypatch.setattr(timeline_module.time, "perf_counter", lambda: now[0])
+    yield now
+
+
+def tick(clock: list[float], seconds: float) -> float:
+    clock[0] += seconds
+    return clock[0]
+
+
+def fetch(tl: Timeline, clock: list[float], wait: float, samples: int = 8) -> None:
+    asked = clock[0]
+    tl.fetched(asked, tick(clock, wait), samples)
+
+
+def test_two_optimizers_per_batch_are_one_step(clock: list[float]) -> None:
+    """A GAN: D steps, then G steps, then the next batch: one step, ending at G's step."""
+    tl = Timeline(warmup_steps=0)
+    for _ in range(3):
+        fetch(tl, clock, 0.1)
+        tl.forward(tick(clock, 0.0), 8)
+        tick(clock, 0.3)
+        tl.backward()
+        tl.optimizer_step(D)
+        tick(clock, 0.5)
+        tl.backward()
+        tl.optimizer_step(G)
+        tick(clock, 0.1)  # logging before the next batch: host time
+    tl.finish()
+    assert tl.signal == "optimizer" and tl.optimizer_steps == 6 and tl.backwards == 6
+    assert len(tl.records) == 3
+    first, second = tl.records[0], tl.records[1]
+    assert first.total_s == pytest.approx(0.9) and first.wait_s == pytest.approx(0.1) and first.samples == 8
+    assert second.total_s == pytest.approx(1.0) and second.host_s == pytest.approx(0.1)
+
+
+def test_the_same_optimizer_twice_without_a_new_batch_is_two_steps(clock: list[float]) -> None:
+    """No loader and no hooked forward: an optimizer stepping again still ends the step before."""
+    tl = Timeline(warmup_steps=0)
+    for _ in range(3):
+        tick(clock, 0.2)
+        tl.backward()
+        tl.optimizer_step(D)
+    tl.finish()
+    assert [round(r.total_s, 6) for r in tl.records] == [0.2, 0.2, 0.2]
+
+
+def test_gradient_accumulation_is_one_step_per_optimizer_step(clock: list[float]) -> None:
+    tl = Timeline(warmup_steps=0)
+    for _ in range(3):
+        for _ in range(4):  # micro-batches
+            fetch(tl, clock, 0.05, samples=16)
+            tick(clock, 0.1)
+            tl.backward()
+        tl.optimizer_step(D)
+    tl.finish()
+    # the first optimizer step shows the backwards were micro-batches; its step began mid-way and is dropped
+    assert len(tl.records) == 2 and all(r.samples == 64 for r in tl.records)
+    assert tl.records[1].wait_s == pytest.approx(0.2) and tl.records[1].total_s == pytest.approx(0.6)
+
+
+def test_without_an_optimizer_each_backward_ends_a_step_and_the_update_belongs_to_it(clock: list[float]) -> None:
+    """Manual SGD: forward, backward, `p.data.add_(...)`, next batch."""
+    tl = Timeline(warmup_steps=1)
+    for _ in range(4):
+        fetch(tl, clock, 0.1)
+        tick(clock, 0.3)
+        tl.backward()
+        tick(clock, 0.1)  # the manual update
+    tl.finish()
+    assert tl.signal == "backward" and len(tl.records) == 3
+    assert all(r.total_s == pytest.approx(0.5) and r.wait_s == pytest.approx(0.1) for r in tl.records[:2])
+    assert tl.records[2].total_s == pytest.approx(0.4)  # the script ended: its last step ends at the backward
+
+
+def test_an_optimizer_seen_late_restarts_the_count(clock: list[float]) -> None:
+    """Accumulating 3 backwards before the first optimizer step: the backwards were micro-batches."""
+    tl = Timeline(warmup_steps=1)
+    for _ in range(4):  # the first (partial) and second (warm-up) iterations are not measured
+        for _ in range(3):
+            fetch(tl, clock, 0.1)
+            tl.backward()
+        tl.optimizer_step(D)
+    tl.finish()
+    assert tl.signal == "optimizer" and len(tl.records) == 2
+    assert all(r.wait_s == pytest.approx(0.3) for r in tl.records)
+
+
+def test_without_a_loader_the_gap_before_the_first_forward_is_input(clock: list[float]) -> None:
+    """nanoGPT's shape: batches sliced from a memmap in the loop; two micro-batches per optimizer step."""
+    tl = Timeline(warmup_steps=0)
+    for _ in range(3):
+        tick(clock, 0.2)  # get_batch() and logging before the forward
+        for _ in range(2):
+            tl.forward(clock[0], 12)
+            tl.forward(tick(clock, 0.0), 12)  # a second call of the model in the same pass counts once
+            tick(clock, 0.4)
+            tl.backward()
+        tl.optimizer_step(D)
+    tl.finish()
+    assert tl.input_source == "script" and tl.forwards == 12
+    record = tl.records[0]
+    assert record.wait_s == pytest.approx(0.2) and record.host_s == 0 and record.samples == 24
+    assert record.total_s == pytest.approx(1.0)
+
+
+def test_the_budget_stops_at_the_next_step_boundary(clock: list[float]) -> None:
+    tl = Timeline(warmup_steps=0, max_steps=100)
+    tl.deadline = 100.6
+    fetch(tl, clock, 0.4)
+    tl.optimizer_step(D)
+    fetch(tl, clock, 0.4)
+    with pytest.raises(StopMeasuring) as stop:
+        tl.optimizer_step(D)  # at 100.8, past the deadline
+    assert stop.value.reason == "budget" and len(tl.records) == 2
+
+
+def test_extra_phases_are_measured_apart_and_stop_when_all_are_done(clock: list[float]) -> None:
+    tl = Timeline(warmup_steps=1, max_steps=2)
+    tl.stop_when_done = True
+    ended: list[str] = []
+
+    def on_end(name: str) -> None:
+        ended.append(name)
+        if name == "measure":
+            tl.add_phase("threads", warmup=1, steps=1)
+    tl.on_phase_end = on_end
+    with pytest.raises(StopMeasuring):
+        for seconds in (0.1, 0.2, 0.2, 0.9, 0.5):
+            tick(clock, seconds)
+            tl.step_end()
+    assert ended == ["measure", "threads"] and tl.done
+    assert [r.total_s for r in tl.records] == pytest.approx([0.2, 0.2])
+    assert [r.total_s for r in tl.phase_records("threads")] == pytest.approx([0.5])
+
+
+def test_seen_counts_everything(clock: list[float]) -> None:
+    tl = Timeline(warmup_steps=0)
+    fetch(tl, clock, 0.1)
+    tl.evaluation_fetch()
+    tl.forward(clock[0], 8)
+    tl.backward()
+    assert tl.seen() == {"batches": 2, "forwards": 1, "backwards": 1, "optimizer_steps": 0}
+    assert tl.input_source == "loader"
+    assert Timeline().input_source is None
+
+
+def test_hooks_find_the_model_without_a_loader_and_leave_nothing_behind() -> None:
+    """Manual SGD on batches sliced by hand: steps from backward passes, samples from the model's input."""
+    import torch
+    from torch import nn
+
+    from trainfast.diagnose.instrument import Instrumentation, root_modules
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    x, y = torch.randn(64, 4), torch.randint(0, 2, (64,))
+    tl = Timeline(warmup_steps=1)
+    with Instrumentation(tl):
+        for i in range(0, 64, 16):
+            model.zero_grad()
+            nn.functional.cross_entropy(model(x[i:i + 16]), y[i:i + 16]).backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(p.grad, alpha=-0.1)
+                model(x[:2])  # an evaluation forward: not a step's input
+    assert tl.signal == "backward" and tl.input_source == "script"
+    assert tl.forwards == 3  # the first forward came before the model was found (at the first backward)
+    assert len(tl.records) == 3 and all(r.samples == 16 for r in tl.records[1:])
+    assert model in root_modules() and model[0] not in root_modules()
+    assert not model._forward_pre_hooks and torch.autograd.backward.__module__ == "torch.autograd"
