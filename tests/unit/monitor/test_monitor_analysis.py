@@ -9,7 +9,14 @@ import random
 import numpy as np
 import pytest
 
-from trainfast.monitor.analysis import Stats, detect_sawtooth, growth_per_minute, percentile, stats
+from trainfast.monitor.analysis import (
+    Stats,
+    detect_sawtooth,
+    growth_per_minute,
+    percentile,
+    stats,
+    sustained_growth_per_minute,
+)
 
 
 @pytest.mark.parametrize(("values", "q", "expected"), [
@@ -140,3 +147,36 @@ def test_growth_per_minute_matches_numpy_polyfit() -> None:
 def test_growth_per_minute_rejects_mismatched_lengths() -> None:
     with pytest.raises(ValueError, match="got 3 and 2"):
         growth_per_minute([0.0, 1.0, 2.0], [1.0, 2.0])
+
+
+MIB = 2**20
+TIMES = [float(t) for t in range(12)]  # one sample a second
+
+
+@pytest.mark.parametrize(("values", "counts", "since", "expected"), [
+    # copy-on-read: 2 workers at 200 MiB growing 20 MiB/s the whole time -> 1200 MiB/min
+    ([200 * MIB + 20 * MIB * t for t in TIMES], [2] * 12, 0.0, 1200 * MIB),
+    # workers starting (count 0 -> 2) add their whole RSS: not growth; the steady stretch after is flat
+    ([0.0] * 3 + [400 * MIB] * 9, [0] * 3 + [2] * 9, 0.0, 0.0),
+    # non-persistent workers restarting at an epoch boundary (count 2 -> 0 -> 2): only the last stretch counts
+    ([300 * MIB + 5 * MIB * t for t in TIMES[:4]] + [0.0] + [250 * MIB] * 7, [2] * 4 + [0] + [2] * 7, 0.0, 0.0),
+    # a cache warming up during the warm-up, flat once measuring starts
+    ([100 * MIB + min(t, 3) * 50 * MIB for t in TIMES], [2] * 12, 4.0, 0.0),
+    # growth only in the first half: not sustained
+    ([200 * MIB + min(t, 5) * 20 * MIB for t in TIMES], [2] * 12, 0.0, 0.0),
+    # tiny growth against a large RSS (< 5 %): not copy-on-read
+    ([4000 * MIB + 1 * MIB * t for t in TIMES], [4] * 12, 0.0, 0.0),
+    # too short to tell (after `since`: 4 samples, 3 s)
+    ([200 * MIB + 20 * MIB * t for t in TIMES], [2] * 12, 8.0, None),
+    # no workers at the end
+    ([0.0] * 12, [0] * 12, 0.0, None),
+])
+def test_sustained_growth_per_minute(values: list[float], counts: list[int], since: float,
+                                     expected: float | None) -> None:
+    found = sustained_growth_per_minute(TIMES, values, [float(c) for c in counts], since=since)
+    assert found == (None if expected is None else pytest.approx(expected))
+
+
+def test_sustained_growth_rejects_mismatched_lengths() -> None:
+    with pytest.raises(ValueError, match="same length"):
+        sustained_growth_per_minute([0.0, 1.0], [1.0, 2.0], [2.0], since=0.0)
