@@ -5,11 +5,12 @@ What is patched, and why each is cheap enough (one `perf_counter` pair or a coun
   `next()` (data wait), the worker start-up of each epoch (`iter()` to first batch) and the batch bytes.
 - torch's global optimizer step hook and `torch.autograd.backward`: the signals that end a step (see
   timeline.py for what defines one). `GradScaler.step` counts as an optimizer step when it skips one.
-- a forward pre-hook on each root module (one no other module contains): the model's first forward starts
-  an iteration when no loader feeds it, and its input's leading dimension counts samples. Roots are found
-  once by walking the garbage collector's objects (~0.1 s, when the first batch, backward, optimizer step or
-  sync is seen), not with torch's global module hooks: those cost ~2.4 us per submodule call here and make
-  `torch.compile` warn and recompile when they are removed.
+- a forward pre-hook on each root module (one with parameters that no other module contains): the model's
+  first forward starts an iteration when no loader feeds it, and its input's leading dimension counts
+  samples. Roots are found by walking the garbage collector's objects (~0.1 s, at the first batch, backward,
+  optimizer step, sync or `no_grad()`, and once more at the first step if no forward was seen), not with
+  torch's global module hooks: those cost ~2.4 us per submodule call here and make `torch.compile` warn and
+  recompile when they are removed.
 - `Tensor.item` / `tolist` / `__float__` / `__int__`: counted and timed, they are host syncs on a GPU.
 - `Tensor.to` / `Tensor.cuda` (only where CUDA exists): host time blocked in host-to-device copies.
 - `autocast.__enter__`, `GradScaler.step`, JPEG `load()` in this process: what the script uses (mixed
@@ -307,6 +308,13 @@ class Instrumentation:
             self._work_done()
             return out
         self._patch(torch.autograd, "backward", counted_backward)
+        for mode in (torch.no_grad, torch.inference_mode):  # a loop that only evaluates still finds its model
+            enter = mode.__enter__
+
+            def entered(ctx: Any, _enter: Callable[[Any], Any] = enter) -> Any:
+                self.discover("no_grad")
+                return _enter(ctx)
+            self._patch(mode, "__enter__", entered)
         if timeline.warmup_steps == 0:
             observed.dynamo_at_warmup = dynamo_counts()
 
@@ -355,7 +363,10 @@ class Instrumentation:
         self.timeline.pause(perf_counter() - started)
 
     def _on_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self.fetching or not torch.is_grad_enabled():  # a dataset's transform, or an evaluation pass
+        if self.fetching:  # a module inside the dataset (a transform), not the model
+            return
+        if not torch.is_grad_enabled():  # an evaluation pass
+            self.timeline.evaluation_forward()
             return
         self.timeline.forward(perf_counter(), batch_samples((args, kwargs), 0))
         if self.device_events is not None:

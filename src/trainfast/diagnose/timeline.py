@@ -111,6 +111,7 @@ class Timeline:
         self.started = time.perf_counter()
         self.signal: str | None = "explicit" if explicit_steps else None  # what defines a step (module doc)
         self.batches = self.forwards = self.backwards = self.optimizer_steps = 0  # seen over the whole run
+        self.training_forwards = 0  # forwards with gradients on
         self.loader_fed = False  # a timed loader delivered a training batch
         self.steps_seen = 0
         self.evaluation_steps = 0  # measured-range steps left out because they spanned an evaluation pass
@@ -144,6 +145,7 @@ class Timeline:
     def forward(self, now: float, samples: int) -> None:
         """A model's forward with gradients on (outside a loader's `next()`); `samples`: its input's leading dim."""
         self.forwards += 1
+        self.training_forwards += 1
         if not self.loader_fed:
             self._begin_iteration(now)
         cur = self._cur
@@ -152,6 +154,10 @@ class Timeline:
         if not cur.counted_forward:  # the first forward of each backward pass: micro-batches add up
             cur.forward_samples += samples
             cur.counted_forward = True
+
+    def evaluation_forward(self) -> None:
+        """A model's forward with gradients off: counted, not timed."""
+        self.forwards += 1
 
     def backward(self) -> None:
         self.backwards += 1
@@ -308,7 +314,7 @@ class Timeline:
         before the model's first forward), None when neither was seen."""
         if self.loader_fed:
             return "loader"
-        return "script" if self.forwards else None
+        return "script" if self.training_forwards else None
 
     def seen(self) -> dict[str, int]:
         return {"batches": self.batches, "forwards": self.forwards, "backwards": self.backwards,

@@ -181,7 +181,8 @@ def test_hooks_find_the_model_without_a_loader_and_leave_nothing_behind() -> Non
                     p.add_(p.grad, alpha=-0.1)
                 model(x[:2])  # an evaluation forward: not a step's input
     assert tl.signal == "backward" and tl.input_source == "script"
-    assert tl.forwards == 3  # the first forward came before the model was found (at the first backward)
+    # the first forward came before the model was found (at the first backward); evaluation forwards are counted
+    assert tl.training_forwards == 3 and tl.forwards == 7
     assert len(tl.records) == 3 and all(r.samples == 16 for r in tl.records[1:])
     assert model in root_modules() and model[0] not in root_modules()
     assert not model._forward_pre_hooks and torch.autograd.backward.__module__ == "torch.autograd"
