@@ -164,14 +164,15 @@ def apply_overrides(overrides: Mapping[str, Any]) -> Iterator[None]:
 
 
 def rank_verified(recommendations: Sequence[Recommendation]) -> list[Recommendation]:
-    """Largest gain first, by the measured gain where there is one, else the expected gain; then the fixes
-    with neither; last the ones measured slower than the baseline (gain < 1), never first. Stable."""
+    """The fixes measured to pay first, largest measured gain first (a measurement outranks an estimate); then
+    the unmeasured ones by expected gain; then the fixes with neither; last the ones measured slower than the
+    baseline (gain < 1), never first. Stable."""
     def key(r: Recommendation) -> tuple[int, float]:
         if r.measured_gain is not None:
-            return (0, -r.measured_gain) if r.measured_gain >= 1.0 else (2, -r.measured_gain)
+            return (0, -r.measured_gain) if r.measured_gain >= 1.0 else (3, -r.measured_gain)
         if r.expected_gain is not None:
-            return 0, -r.expected_gain
-        return 1, 0.0
+            return 1, -r.expected_gain
+        return 2, 0.0
     return sorted(recommendations, key=key)
 
 

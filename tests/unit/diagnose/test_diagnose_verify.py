@@ -153,8 +153,9 @@ def rec(id: str, expected: float | None, measured: float | None = None) -> Recom
     ([], []),
     # measured gain ranks over the expected one
     ([rec("a", 3.0, 1.2), rec("b", 1.5, 2.0)], ["b", "a"]),
-    # an unmeasured fix is ranked by its expected gain among the measured ones
-    ([rec("a", 3.0, 1.2), rec("b", 1.5), rec("c", 1.1, 1.8)], ["c", "b", "a"]),
+    # the fixes measured to pay come before the unmeasured ones, whatever those expect
+    ([rec("a", 3.0, 1.2), rec("b", 1.5), rec("c", 1.1, 1.8)], ["c", "a", "b"]),
+    ([rec("decode_size", 1.73), rec("num_workers", 2.0, 1.7)], ["num_workers", "decode_size"]),
     # no estimate at all: after every estimated fix
     ([rec("n", None), rec("a", 1.05)], ["a", "n"]),
     # slower when measured: last, after the unestimated, however large the expected gain
@@ -163,7 +164,8 @@ def rec(id: str, expected: float | None, measured: float | None = None) -> Recom
     # exactly 1.0 is not slower
     ([rec("even", 9.0, 1.0), rec("n", None)], ["even", "n"]),
     # ties keep the doctor's order
-    ([rec("x", 1.5), rec("y", 1.5, 1.5), rec("z", 1.5)], ["x", "y", "z"]),
+    ([rec("x", 1.5), rec("y", 1.5, 1.5), rec("z", 1.5)], ["y", "x", "z"]),
+    ([rec("x", 1.5), rec("z", 1.5)], ["x", "z"]),
 ])
 def test_rank_verified(recs: list[Recommendation], order: list[str]) -> None:
     assert [r.id for r in rank_verified(recs)] == order
