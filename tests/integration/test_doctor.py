@@ -133,6 +133,9 @@ def test_cli_doctor_json_contract(tiny_images: Path, tmp_path: Path, capsys: pyt
     (["doctor"], "give a SCRIPT to run, or -m MODULE"),
     (["doctor", "missing.py"], "no script at 'missing.py'"),
     (["doctor", "--steps", "0", "x.py"], "argument --steps: 0 is not valid"),
+    (["doctor", "--max-seconds", "0", "x.py"], "argument --max-seconds: 0 is not valid; give seconds > 0"),
+    (["doctor", "--max-seconds", "soon", "x.py"], "argument --max-seconds: 'soon' is not a number"),
+    (["doctor", "--verify-repeats", "0", "x.py"], "argument --verify-repeats: 0 is not valid"),
 ])
 def test_cli_doctor_bad_input(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:

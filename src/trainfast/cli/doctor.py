@@ -10,20 +10,10 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from trainfast.atomic import write_json
-from trainfast.cli.flags import positive_int
+from trainfast.cli.flags import positive_int, positive_seconds
 
 if TYPE_CHECKING:
     from trainfast.diagnose.report import Report
-
-
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give seconds > 0") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} is not valid; give seconds > 0")
-    return value
 
 
 EXAMPLES = """examples:
@@ -34,7 +24,8 @@ EXAMPLES = """examples:
   trainfast doctor --max-seconds 120 train.py        # stop the script after 2 minutes, report what it measured
   trainfast doctor --verify train.py -- data/        # re-run the script per fix: measured beside expected gain
 
-The script runs unmodified, in this process, as __main__. A step ends at each optimizer.step().
+The script runs unmodified, in this process, as __main__. A step is one training iteration: its optimizer
+step(s), or, where no optimizer steps, its backward pass(es).
 --verify costs one extra run of the script per fix it can inject (DataLoader workers, pin_memory, threads,
 ...), plus two baseline runs (before and after, so drift shows), each in a fresh process and each as long
 as a doctor run (up to --max-seconds); --verify-repeats N does all of that N times and takes the median.

@@ -20,6 +20,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give seconds > 0") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not valid; give seconds > 0")
+    return value
+
+
 def workers_arg(text: str) -> int | str:
     if text in ("auto", "tuned"):
         return text

@@ -81,7 +81,7 @@ def max_speedups(f: Fractions) -> dict[str, float]:
     return {part: max_speedup(f.share(part)) for part in PARTS}
 
 
-def share_interval(parts: Sequence[float], totals: Sequence[float], *, confidence: float = 0.9,
+def share_interval(parts: Sequence[float], totals: Sequence[float], *, confidence: float = 0.95,
                    resamples: int = 400, seed: int = 0) -> tuple[float, float]:
     """Bootstrap interval of sum(parts) / sum(totals) over steps (seeded: the same steps, the same interval)."""
     if len(parts) != len(totals) or not totals:

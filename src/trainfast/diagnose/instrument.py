@@ -8,7 +8,7 @@ What is patched, and why each is cheap enough (one `perf_counter` pair or a coun
 - a forward pre-hook on each root module (one with parameters that no other module contains): the model's
   first forward starts an iteration when no loader feeds it, and its input's leading dimension counts
   samples. Roots are found by walking the garbage collector's objects (~0.1 s, at the first batch, backward,
-  optimizer step, sync or `no_grad()`, and once more at the first step if no forward was seen), not with
+  optimizer step, sync or `no_grad()` block, and again when the first step closes), not with
   torch's global module hooks: those cost ~2.4 us per submodule call here and make `torch.compile` warn and
   recompile when they are removed.
 - `Tensor.item` / `tolist` / `__float__` / `__int__`: counted and timed, they are host syncs on a GPU.
@@ -104,7 +104,29 @@ def root_modules() -> list[nn.Module]:
         children.update(id(c) for c in vars(module).get("_modules", {}).values() if c is not None)
     # torch.fx / dynamo's graph modules are torch.compile's insides, called within the compiled frame
     return [m for m in modules if id(m) not in children and not type(m).__module__.startswith(("torch.fx", "torch._"))
-            and next(m.parameters(), None) is not None]
+            and _has_parameters(m)]
+
+
+def batch_axis(model: nn.Module) -> int:
+    """Where the batch is in the model's (2- or 3-D) input: 1 for a time-major sequence model, whose first RNN or
+    Transformer layer is not `batch_first` (PyTorch's word-language-model example feeds (seq_len, batch) token
+    ids), else 0."""
+    try:
+        for m in model.modules():
+            if isinstance(m, nn.RNNBase):
+                return 0 if m.batch_first else 1
+            if isinstance(m, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
+                return 0 if m.self_attn.batch_first else 1
+    except Exception:  # a module with its own modules(): assume batch first
+        return 0
+    return 0
+
+
+def _has_parameters(module: nn.Module) -> bool:
+    try:
+        return next(module.parameters(), None) is not None
+    except Exception:  # a module left half-built by a failed __init__, or with its own parameters(): not ours
+        return False
 
 
 class DeviceEvents:
@@ -229,7 +251,8 @@ class Instrumentation:
         self._by_loader: dict[int, LoaderStats] = {}
         self._keep_alive: list[Any] = []  # loaders described: their id() must stay unique while measuring
         self._undo: list[Callable[[], None]] = []
-        self._hooked: set[int] = set()  # root modules with our forward pre-hook
+        self._hooks: dict[int, Any] = {}  # root module -> the handle of our forward pre-hook on it
+        self._batch_axis: dict[int, int] = {}  # root module -> where the batch is in its input
         self._discovered_on: set[str] = set()
 
     # ---- patch bookkeeping
@@ -299,6 +322,7 @@ class Instrumentation:
         self.optimizer_stepped = 0
         handle = register_optimizer_step_post_hook(on_step)
         self._undo.append(handle.remove)
+        self._undo.append(self._unhook)
         backward = torch.autograd.backward
 
         def counted_backward(*args: Any, **kwargs: Any) -> Any:
@@ -312,7 +336,8 @@ class Instrumentation:
             enter = mode.__enter__
 
             def entered(ctx: Any, _enter: Callable[[Any], Any] = enter) -> Any:
-                self.discover("no_grad")
+                if not sys._getframe(1).f_globals.get("__name__", "").startswith("torch"):  # nn.init's are not
+                    self.discover("no_grad")
                 return _enter(ctx)
             self._patch(mode, "__enter__", entered)
         if timeline.warmup_steps == 0:
@@ -343,24 +368,32 @@ class Instrumentation:
             self.device_events.step_closed(measured)
 
     def discover(self, trigger: str) -> None:
-        """Hook the root modules at the first batch, backward, optimizer step or sync, and once more at the first
-        completed step if no forward was seen by then (the model was built late): two scans at most."""
-        first = not self._discovered_on
-        late = trigger == "step" and "step" not in self._discovered_on
-        if self.timeline.forwards or not (first or late):
+        """Hook the root modules at the first batch, backward, optimizer step, sync or `no_grad()` block, and
+        again when the first step closes: a module found mid-construction the first time (a `no_grad()` inside
+        `nn.init`, a sync in `__init__`) is by then part of its model, which is the root. Two scans at most."""
+        if trigger == "step":
+            if "step" in self._discovered_on:
+                return
+        elif self._discovered_on:
             return
         self._discovered_on.add(trigger)
         started = perf_counter()
-        for module in root_modules():
-            if id(module) in self._hooked:
+        roots = {id(m): m for m in root_modules()}
+        for key in [k for k in self._hooks if k not in roots]:  # now inside a model: its model is hooked instead
+            self._hooks.pop(key).remove()
+        for key, module in roots.items():
+            if key in self._hooks:
                 continue
             try:
-                handle = module.register_forward_pre_hook(self._on_forward, with_kwargs=True)
+                self._hooks[key] = module.register_forward_pre_hook(self._on_forward, with_kwargs=True)
             except (RuntimeError, AttributeError, TypeError):  # a scripted module takes no Python hooks
                 continue
-            self._hooked.add(id(module))
-            self._undo.append(handle.remove)
+            self._batch_axis[key] = batch_axis(module)
         self.timeline.pause(perf_counter() - started)
+
+    def _unhook(self) -> None:
+        while self._hooks:
+            self._hooks.popitem()[1].remove()
 
     def _on_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self.fetching:  # a module inside the dataset (a transform), not the model
@@ -368,9 +401,16 @@ class Instrumentation:
         if not torch.is_grad_enabled():  # an evaluation pass
             self.timeline.evaluation_forward()
             return
-        self.timeline.forward(perf_counter(), batch_samples((args, kwargs), 0))
+        self.timeline.forward(perf_counter(), self._input_samples(module, args, kwargs))
         if self.device_events is not None:
             self.device_events.batch_ready()
+
+    def _input_samples(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+        if self._batch_axis.get(id(module)):
+            leaf = first_leaf((args, kwargs))
+            if leaf is not None and leaf.ndim in (2, 3):  # (seq_len, batch[, features])
+                return int(leaf.shape[1])
+        return batch_samples((args, kwargs), 0)
 
     def _counting_sync(self, original: Callable[..., Any]) -> Callable[..., Any]:
         timeline, observed = self.timeline, self.observed

@@ -41,7 +41,7 @@ class Report:
     input_source: str | None = None  # "loader" or "script" (no DataLoader)
     seen: dict[str, int] = field(default_factory=dict)  # batches, forwards, backwards, optimizer steps
     step_spread: dict[str, float] | None = None  # p10 / p50 / p90 of the measured steps' seconds
-    intervals: dict[str, list[float]] | None = None  # 90 % bootstrap interval of each part's share
+    intervals: dict[str, list[float]] | None = None  # 95 % bootstrap interval of each part's share
     contention: dict[str, Any] | None = None  # other processes' CPU use while measuring
 
     @property
@@ -117,9 +117,10 @@ def _median_compute(records: list[StepRecord]) -> float:
 
 
 def _evidence(timeline: Timeline, instrumentation: Instrumentation, records: list[StepRecord], *,
-              verdict: str = "", env: dict[str, Any] | None = None, monitor: Any = None,
+              final: bool = False, verdict: str = "", env: dict[str, Any] | None = None, monitor: Any = None,
               loader_headroom: float | None = None, thread_probe: tuple[int, float] | None = None) -> Evidence:
-    """What the rules read, from the measured steps and what the hooks observed."""
+    """What the rules read, from the measured steps and what the hooks observed. `final`: for the report, when
+    the figures that synchronise the device (skipped scaler steps, peak memory) may be read."""
     observed = instrumentation.observed
     total = sum(r.total_s for r in records)
     fractions = Fractions.of(total_s=total, wait_s=sum(r.wait_s for r in records),
@@ -130,7 +131,7 @@ def _evidence(timeline: Timeline, instrumentation: Instrumentation, records: lis
     mean_wait = statistics.fmean(waits) if waits else 0.0
     dynamo = dynamo_counts()
     at_warmup = observed.dynamo_at_warmup or {"frames": dynamo["frames"], "graph_breaks": 0}
-    skipped = observed.scaler_skipped() if env is not None else 0  # reading it syncs: the final report only
+    skipped = observed.scaler_skipped() if final else 0
     decoded = float(statistics.median(observed.jpeg_decoded_pixels)) if observed.jpeg_decoded_pixels else None
     return Evidence(
         verdict=verdict, device=device, fractions=fractions,
@@ -145,7 +146,7 @@ def _evidence(timeline: Timeline, instrumentation: Instrumentation, records: lis
         graph_breaks=dynamo["graph_breaks"], conv_weights=observed.conv_weights,
         conv_weights_channels_last=observed.conv_weights_channels_last,
         cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
-        gpu_memory_fraction=_gpu_memory_fraction(device) if env is not None else None, jpeg_decoded_pixels=decoded,
+        gpu_memory_fraction=_gpu_memory_fraction(device) if final else None, jpeg_decoded_pixels=decoded,
         wait_spike_ratio=_percentile(waits, 0.95) / mean_wait if mean_wait > 0 else None,
         worker_rss_growth_per_min=_worker_rss_growth(monitor, timeline.measure_started_monotonic),
         loader_headroom=loader_headroom, thread_probe=thread_probe, input_source=timeline.input_source)
@@ -193,7 +194,7 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
     if gpu_util is None and device_busy is not None:  # without NVML, CUDA events say how busy the GPU was
         gpu_util = 100 * device_busy
     probe = _thread_probe(timeline, observed.probe_threads, records)
-    evidence = _evidence(timeline, instrumentation, records, env=env or {}, monitor=monitor,
+    evidence = _evidence(timeline, instrumentation, records, final=True, env=env, monitor=monitor,
                          loader_headroom=loader_headroom, thread_probe=probe)
     fractions = evidence.fractions
     intervals = _intervals(records)

@@ -1,7 +1,8 @@
 """PyTorch's word_language_model example, in its shape: batchify + get_batch slicing, an LSTM LM with its
 hidden state repackaged, clip_grad_norm_ and a MANUAL parameter update (no optimizer, no DataLoader).
 
-Unlike the example the model is batch_first, so a batch's leading dimension is its number of sequences.
+Time-major like the example: the model takes (seq_len, batch) token ids into a non-batch_first LSTM, so a
+batch's sequences are its second dimension.
 Prints its own throughput every --log-interval batches:
     | epoch 1 |    10/  285 batches | ms/batch 12.34 | samples/s 1620.5 | loss 6.90 |
 """
@@ -19,7 +20,7 @@ class RNNModel(nn.Module):
         super().__init__()
         self.drop = nn.Dropout(dropout)
         self.encoder = nn.Embedding(ntoken, ninp)
-        self.rnn = nn.LSTM(ninp, nhid, nlayers, dropout=dropout if nlayers > 1 else 0.0, batch_first=True)
+        self.rnn = nn.LSTM(ninp, nhid, nlayers, dropout=dropout if nlayers > 1 else 0.0)
         self.decoder = nn.Linear(nhid, ntoken)
         self.nhid, self.nlayers, self.ntoken = nhid, nlayers, ntoken
         nn.init.uniform_(self.encoder.weight, -0.1, 0.1)
@@ -44,16 +45,16 @@ def synthetic_corpus(tokens, vocab, seed):
 
 
 def batchify(data, bsz):
-    """Cut the token stream into `bsz` rows, one sequence per row: (bsz, nbatch)."""
+    """Cut the token stream into `bsz` columns, one sequence per column: (nbatch, bsz)."""
     nbatch = data.size(0) // bsz
     data = data.narrow(0, 0, nbatch * bsz)
-    return data.view(bsz, -1).contiguous()
+    return data.view(bsz, -1).t().contiguous()
 
 
 def get_batch(source, i, bptt):
-    seq_len = min(bptt, source.size(1) - 1 - i)
-    data = source[:, i:i + seq_len]
-    target = source[:, i + 1:i + 1 + seq_len].reshape(-1)
+    seq_len = min(bptt, len(source) - 1 - i)
+    data = source[i:i + seq_len]
+    target = source[i + 1:i + 1 + seq_len].reshape(-1)
     return data, target
 
 
@@ -67,14 +68,14 @@ def repackage_hidden(h):
 def evaluate(model, criterion, source, args):
     model.eval()
     total_loss = 0.0
-    hidden = model.init_hidden(source.size(0))
+    hidden = model.init_hidden(source.size(1))
     with torch.no_grad():
-        for i in range(0, source.size(1) - 1, args.bptt):
+        for i in range(0, source.size(0) - 1, args.bptt):
             data, targets = get_batch(source, i, args.bptt)
             output, hidden = model(data, hidden)
             hidden = repackage_hidden(hidden)
-            total_loss += data.size(1) * criterion(output, targets).item()
-    return total_loss / (source.size(1) - 1)
+            total_loss += len(data) * criterion(output, targets).item()
+    return total_loss / (len(source) - 1)
 
 
 def train(model, criterion, train_data, epoch, lr, args):
@@ -82,8 +83,8 @@ def train(model, criterion, train_data, epoch, lr, args):
     total_loss = 0.0
     start_time = time.time()
     hidden = model.init_hidden(args.batch_size)
-    nbatches = (train_data.size(1) - 1) // args.bptt
-    for batch, i in enumerate(range(0, train_data.size(1) - 1, args.bptt)):
+    nbatches = (train_data.size(0) - 1) // args.bptt
+    for batch, i in enumerate(range(0, train_data.size(0) - 1, args.bptt)):
         data, targets = get_batch(train_data, i, args.bptt)
         # Starting each batch, we detach the hidden state from how it was previously produced.
         hidden = repackage_hidden(hidden)

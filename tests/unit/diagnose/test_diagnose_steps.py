@@ -4,10 +4,14 @@ backward passes without an optimizer, input preparation without a loader, the ti
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import torch
+from torch import nn
 
 from trainfast.diagnose import timeline as timeline_module
+from trainfast.diagnose.instrument import Instrumentation, batch_axis, root_modules
 from trainfast.diagnose.timeline import StopMeasuring, Timeline
 
 D, G = object(), object()  # two optimizers
@@ -164,11 +168,6 @@ def test_seen_counts_everything(clock: list[float]) -> None:
 
 def test_hooks_find_the_model_without_a_loader_and_leave_nothing_behind() -> None:
     """Manual SGD on batches sliced by hand: steps from backward passes, samples from the model's input."""
-    import torch
-    from torch import nn
-
-    from trainfast.diagnose.instrument import Instrumentation, root_modules
-
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     x, y = torch.randn(64, 4), torch.randint(0, 2, (64,))
     tl = Timeline(warmup_steps=1)
@@ -186,3 +185,33 @@ def test_hooks_find_the_model_without_a_loader_and_leave_nothing_behind() -> Non
     assert len(tl.records) == 3 and all(r.samples == 16 for r in tl.records[1:])
     assert model in root_modules() and model[0] not in root_modules()
     assert not model._forward_pre_hooks and torch.autograd.backward.__module__ == "torch.autograd"
+
+
+class TimeMajorLM(nn.Module):
+    """PyTorch's word-language-model example: (seq_len, batch) token ids into a non-batch_first LSTM."""
+
+    def __init__(self, batch_first: bool = False) -> None:
+        super().__init__()
+        self.encoder, self.rnn = nn.Embedding(50, 8), nn.LSTM(8, 8, batch_first=batch_first)
+        self.decoder = nn.Linear(8, 50)
+
+    def forward(self, tokens: torch.Tensor, hidden: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, Any]:
+        out, hidden = self.rnn(self.encoder(tokens), hidden)
+        return self.decoder(out), hidden
+
+
+@pytest.mark.parametrize(("batch_first", "shape", "samples"), [(False, (35, 20), 20), (True, (20, 35), 20)])
+def test_samples_of_a_time_major_sequence_model_are_its_batch(batch_first: bool, shape: tuple[int, int],
+                                                              samples: int) -> None:
+    model = TimeMajorLM(batch_first)
+    tl = Timeline(warmup_steps=1)
+    hidden = (torch.zeros(1, 20, 8), torch.zeros(1, 20, 8))
+    with Instrumentation(tl):
+        for _ in range(4):
+            model.zero_grad()
+            out, _ = model(torch.randint(0, 50, shape), hidden)
+            out.float().mean().backward()
+    assert batch_axis(model) == (0 if batch_first else 1)
+    assert all(r.samples == samples for r in tl.records) and len(tl.records) == 3
+    assert batch_axis(nn.Sequential(nn.Linear(2, 2))) == 0
+    assert batch_axis(nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16), 1, enable_nested_tensor=False)) == 1
