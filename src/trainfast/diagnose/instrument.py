@@ -102,9 +102,14 @@ def root_modules() -> list[nn.Module]:
     children: set[int] = set()
     for module in modules:
         children.update(id(c) for c in vars(module).get("_modules", {}).values() if c is not None)
-    # torch.fx / dynamo's graph modules are torch.compile's insides, called within the compiled frame
-    return [m for m in modules if id(m) not in children and not type(m).__module__.startswith(("torch.fx", "torch._"))
-            and _has_parameters(m)]
+    return [m for m in modules if id(m) not in children and not _compile_internal(m) and _has_parameters(m)]
+
+
+def _compile_internal(module: nn.Module) -> bool:
+    """torch.fx / dynamo's graph modules: torch.compile's insides, called within the compiled frame. The
+    `OptimizedModule` that torch.compile returns is the model the script calls, and stays."""
+    name = type(module).__module__
+    return name.startswith(("torch.fx", "torch._")) and type(module).__name__ != "OptimizedModule"
 
 
 def batch_axis(model: nn.Module) -> int:

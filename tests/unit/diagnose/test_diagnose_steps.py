@@ -215,3 +215,11 @@ def test_samples_of_a_time_major_sequence_model_are_its_batch(batch_first: bool,
     assert all(r.samples == samples for r in tl.records) and len(tl.records) == 3
     assert batch_axis(nn.Sequential(nn.Linear(2, 2))) == 0
     assert batch_axis(nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16), 1, enable_nested_tensor=False)) == 1
+
+
+def test_a_compiled_model_is_found_by_the_module_torch_compile_returns() -> None:
+    """torch.compile's OptimizedModule is what the script calls (its insides are not): it gets the hook."""
+    inner = nn.Linear(2, 2)
+    compiled = torch.compile(inner)  # nothing is compiled until it is called
+    roots = root_modules()
+    assert any(m is compiled for m in roots) and not any(m is inner for m in roots)
