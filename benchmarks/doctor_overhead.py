@@ -2,8 +2,9 @@
 
 Two measurements, interleaved, median of `--repeats` rounds, one thread, each loop timed on its second pass
 (the instrumented one's first pass finds the model: a one-off scan, reported as `discovery_ms`):
-  - per-step cost of the hooks alone: a loop whose step is a one-parameter SGD update over a DataLoader of
-    ready batches, plain vs instrumented (the difference of the fastest rounds is the hooks' cost);
+  - per-step cost of the hooks alone: a loop whose step is a one-parameter model's forward, backward and SGD
+    update over a DataLoader of ready batches, plain vs instrumented (the difference of the fastest rounds is
+    the hooks' cost);
   - the smallest realistic step, Linear(32, 10) on a DataLoader over a TensorDataset (batch 64), plain vs
     instrumented, as a relative overhead.
 
@@ -30,14 +31,16 @@ from trainfast.diagnose.timeline import Timeline
 
 
 def null_step_loop(steps: int) -> Any:
-    """Seconds per step of a loop that does almost nothing but fetch a batch and step an optimizer."""
-    weight = nn.Parameter(torch.zeros(()))
-    optimizer = torch.optim.SGD([weight], lr=0.1)
-    loader = DataLoader([(torch.zeros(64, 32), torch.zeros(64, dtype=torch.long))] * steps, batch_size=None)
+    """Seconds per step of a loop that does almost nothing but what the hooks see: fetch a batch, call a
+    one-parameter model, backward, step an optimizer."""
+    model = nn.Linear(1, 1, bias=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader([(torch.zeros(64, 1), torch.zeros(64, dtype=torch.long))] * steps, batch_size=None)
 
     def run() -> float:
         started = time.perf_counter()
-        for _ in loader:
+        for x, _ in loader:
+            model(x).sum().backward()
             optimizer.step()
         return (time.perf_counter() - started) / steps
     return run

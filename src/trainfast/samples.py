@@ -21,7 +21,13 @@ def first_leaf(batch: Any) -> torch.Tensor | np.ndarray | None:
     order; None when it holds none."""
     if isinstance(batch, (torch.Tensor, np.ndarray)):
         return batch
-    children = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
+    # called for every batch the doctor sees: tuples first, the (slow, ~0.3 us) Mapping ABC check last
+    if isinstance(batch, (tuple, list)):
+        children: Any = batch
+    elif isinstance(batch, (dict, Mapping)):
+        children = batch.values()
+    else:
+        return None
     for child in children:
         leaf = first_leaf(child)
         if leaf is not None:
@@ -33,4 +39,7 @@ def batch_samples(batch: Any, default: int = 1) -> int:
     """Samples in a batch: the leading dimension of its first tensor leaf (`(x, y)`, `{"input_ids": ...}`,
     nested ones alike); `default` when it holds no tensor, or its first one is 0-dimensional."""
     leaf = first_leaf(batch)
-    return int(leaf.shape[0]) if leaf is not None and leaf.ndim > 0 else default
+    if leaf is None:
+        return default
+    shape = leaf.shape
+    return int(shape[0]) if len(shape) else default

@@ -184,8 +184,10 @@ class Timeline:
                 self._cur.partial = self.backwards > 1  # it began at a micro-batch: too short to count
             self.signal = "optimizer"
         key = id(optimizer)
-        if self._pending is not None and key in self._pending.optimizers:  # the same optimizer again: a new step
-            self._close(self._pending.end)
+        pending = self._pending
+        if pending is not None and key in pending.optimizers:  # the same optimizer again: a new step
+            self._pending = None
+            self._record(pending)
         self._cur.optimizers += (key,)
         self._complete(now)
 
@@ -237,15 +239,10 @@ class Timeline:
             self._pending.absorb(self._cur)
             self._pending.end = now
             self._cur = _Step(now)
-        self._close(self._pending.end)
+        pending, self._pending = self._pending, None
+        self._record(pending)
         if self.deadline is not None and now > self.deadline:
             raise StopMeasuring("budget")
-
-    def _close(self, end: float) -> None:
-        pending, self._pending = self._pending, None
-        assert pending is not None
-        pending.end = end
-        self._record(pending)
 
     def _record(self, step: _Step, *, stop: bool = True) -> None:
         if step.partial:
