@@ -19,8 +19,9 @@ The parts of a step:
 - host: with a loader, the gap between the end of one step and the next batch request (logging, metrics,
   checkpoints), less the time spent waiting for the device in syncs such as `.item()`;
 - compute: the rest (forward, backward, optimizer step, device waits).
-A step during which a batch was fetched with gradients off (a validation pass between two steps) is left out
-and counted in `evaluation_steps`. The hooks only add floats (~1 us); nothing synchronises the device.
+A step during which a batch was fetched with gradients off (a validation pass between two steps), or, without a
+loader, the model was called three or more times with gradients off before its first training forward, is
+left out and counted in `evaluation_steps`. The hooks only add floats (~1 us); nothing synchronises the device.
 
 Phases: the steps after the warm-up are measured in the "measure" phase; a caller may add phases (the
 runner measures a few steps at another thread count) from `on_phase_end`.
@@ -33,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 MEASURE = "measure"
+# No-grad forwards before a step's first training forward that make it span an evaluation pass.
+EVALUATION_FORWARDS = 3
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class _Step:
     first_forward: float | None = None
     counted_forward: bool = False
     evaluated: bool = False
+    evaluation_forwards: int = 0
     partial: bool = False  # began mid-iteration: dropped, not counted
     end: float = 0.0
     optimizers: tuple[int, ...] = ()
@@ -156,8 +160,15 @@ class Timeline:
             cur.counted_forward = True
 
     def evaluation_forward(self) -> None:
-        """A model's forward with gradients off: counted, not timed."""
+        """A model's forward with gradients off: counted; several of them before the step's first training
+        forward are an evaluation pass (nanoGPT's estimate_loss), and the step is left out as with a loader.
+        One or two are not (a distillation teacher's forward in every step)."""
         self.forwards += 1
+        cur = self._cur
+        if cur.first_forward is None and not self.loader_fed:
+            cur.evaluation_forwards += 1
+            if cur.evaluation_forwards >= EVALUATION_FORWARDS:
+                cur.evaluated = True
 
     def backward(self) -> None:
         self.backwards += 1

@@ -223,3 +223,21 @@ def test_a_compiled_model_is_found_by_the_module_torch_compile_returns() -> None
     compiled = torch.compile(inner)  # nothing is compiled until it is called
     roots = root_modules()
     assert any(m is compiled for m in roots) and not any(m is inner for m in roots)
+
+
+@pytest.mark.parametrize(("eval_forwards", "measured"), [(0, 4), (1, 4), (2, 4), (5, 3)])
+def test_an_evaluation_pass_between_steps_without_a_loader_is_left_out(clock: list[float], eval_forwards: int,
+                                                                       measured: int) -> None:
+    """nanoGPT evaluates every eval_interval iterations with many no-grad forwards; a teacher model's single
+    no-grad forward in every step is not an evaluation pass."""
+    tl = Timeline(warmup_steps=0)
+    for i in range(4):
+        tick(clock, 0.1)
+        for _ in range(eval_forwards if i == 2 else 0):
+            tl.evaluation_forward()
+        tl.forward(clock[0], 8)
+        tick(clock, 0.2)
+        tl.backward()
+        tl.optimizer_step(D)
+    tl.finish()
+    assert len(tl.records) == measured and tl.evaluation_steps == 4 - measured
