@@ -9,7 +9,7 @@ elsewhere) and the report says what was measured by then. Every patch is removed
 end, `sys.exit`, a crash, or the stop.
 
 On the CPU, when the loader fix the doctor is about to propose would give the model step fewer intra-op
-threads, a few more steps are measured at that thread count first (the "threads" phase): on 2 CPUs a
+threads, a few more steps are measured at that thread count after the others (the "threads" phase): on 2 CPUs a
 compute-heavy step can take 1.8x as long on one thread, which turns "more workers" into a slowdown.
 """
 
