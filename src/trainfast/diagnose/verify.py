@@ -30,12 +30,14 @@ from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 from torch.utils.data import DataLoader
 
 from trainfast.atomic import write_json
 from trainfast.diagnose.recommend import Recommendation
+from trainfast.trainer.settings import torch_settings
 
 log = logging.getLogger("trainfast.diagnose.verify")
 
@@ -86,8 +88,7 @@ def loader_arguments(arguments: Mapping[str, Any], overrides: Mapping[str, Any])
 
 
 def _patch_loader(stack: ExitStack, overrides: Mapping[str, Any]) -> None:
-    owner_has_init = "__init__" in DataLoader.__dict__
-    original = DataLoader.__dict__.get("__init__", DataLoader.__init__)
+    original = DataLoader.__init__
     signature = inspect.signature(original)
 
     @functools.wraps(original)
@@ -99,19 +100,11 @@ def _patch_loader(stack: ExitStack, overrides: Mapping[str, Any]) -> None:
             return
         bound.arguments.update(loader_arguments(bound.arguments, overrides))
         original(*bound.args, **bound.kwargs)
-
-    def restore() -> None:
-        if owner_has_init:
-            DataLoader.__init__ = original  # type: ignore[method-assign]
-        else:
-            del DataLoader.__init__
-    DataLoader.__init__ = __init__  # type: ignore[method-assign]
-    stack.callback(restore)
+    stack.enter_context(mock.patch.object(DataLoader, "__init__", __init__))
 
 
 def _pin_threads(stack: ExitStack, threads: int) -> None:
     original = torch.set_num_threads
-    saved = torch.get_num_threads()
     owner = os.getpid()
 
     def set_num_threads(nthreads: int) -> None:
@@ -120,13 +113,8 @@ def _pin_threads(stack: ExitStack, threads: int) -> None:
         else:
             log.debug("verify: ignored torch.set_num_threads(%s); the fix runs with %d thread(s)", nthreads, threads)
     set_num_threads.__doc__ = f"trainfast doctor --verify: ignored while the fix pins {threads} thread(s)"
-
-    def restore() -> None:
-        torch.set_num_threads = original
-        original(saved)
-    stack.callback(restore)
     original(threads)
-    torch.set_num_threads = set_num_threads
+    stack.enter_context(mock.patch.object(torch, "set_num_threads", set_num_threads))
 
 
 @contextmanager
@@ -136,25 +124,15 @@ def apply_overrides(overrides: Mapping[str, Any]) -> Iterator[None]:
     given. Everything is put back on exit, also on an exception. Unknown keys raise ValueError."""
     checked = check_overrides(overrides)
     with ExitStack() as stack:
+        stack.enter_context(torch_settings())  # puts back the thread count, cudnn.benchmark and TF32
         loader = {k: v for k, v in checked.items() if k in LOADER_KEYS}
         if loader:
             _patch_loader(stack, loader)
         if "threads" in checked:
             _pin_threads(stack, checked["threads"])
         if "cudnn_benchmark" in checked:
-            saved_benchmark = torch.backends.cudnn.benchmark
-
-            def restore_benchmark() -> None:
-                torch.backends.cudnn.benchmark = saved_benchmark
-            stack.callback(restore_benchmark)
             torch.backends.cudnn.benchmark = checked["cudnn_benchmark"]
         if "tf32" in checked:
-            saved_precision, saved_cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
-
-            def restore_tf32() -> None:
-                torch.set_float32_matmul_precision(saved_precision)
-                torch.backends.cudnn.allow_tf32 = saved_cudnn
-            stack.callback(restore_tf32)
             torch.set_float32_matmul_precision("high" if checked["tf32"] else "highest")
             torch.backends.cudnn.allow_tf32 = checked["tf32"]
         yield
