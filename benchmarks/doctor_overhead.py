@@ -26,7 +26,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from trainfast.atomic import write_json
 from trainfast.bench.hardware import describe, hardware
 from trainfast.bench.timing import Spread, interleave, ratios
-from trainfast.diagnose.instrument import Instrumentation, root_modules
+from trainfast.diagnose.instrument import Instrumentation
+from trainfast.diagnose.models import root_modules
 from trainfast.diagnose.timeline import Timeline
 
 

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from trainfast.diagnose import timeline as timeline_module
-from trainfast.diagnose.instrument import Instrumentation, batch_axis, root_modules
+from trainfast.diagnose.instrument import Instrumentation
+from trainfast.diagnose.models import batch_axis, root_modules
 from trainfast.diagnose.timeline import StopMeasuring, Timeline
 
 D, G = object(), object()  # two optimizers
