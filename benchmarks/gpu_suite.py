@@ -23,15 +23,12 @@ import torch.nn.functional as F
 
 from trainfast.atomic import write_json
 from trainfast.bench.hardware import describe, hardware
+from trainfast.bench.sweeps import mixed_precision
 from trainfast.bench.timing import Spread, interleave, ratios
 from trainfast.data.models import ConvNet
+from trainfast.device import synchronize
 from trainfast.precision.policy import LossScaler, device_caps, resolve_precision
 from trainfast.trainer.optimizer import default_optimizer
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def step_rate(device: torch.device, *, precision: str, channels_last: bool, compile_model: bool, widths: list[int],
@@ -57,11 +54,11 @@ def step_rate(device: torch.device, *, precision: str, channels_last: bool, comp
     def measure() -> float:
         for _ in range(warmup):
             one_step()
-        sync(device)
+        synchronize(device)
         started = time.perf_counter()
         for _ in range(steps):
             one_step()
-        sync(device)
+        synchronize(device)
         return batch_size * steps / (time.perf_counter() - started)
     return measure
 
@@ -84,10 +81,10 @@ def bandwidth(device: torch.device, megabytes: int, repeats: int) -> dict[str, A
         target = torch.empty_like(host, device=device)
         seconds = []
         for _ in range(repeats + 1):
-            sync(device)
+            synchronize(device)
             started = time.perf_counter()
             target.copy_(host, non_blocking=kind == "pinned")
-            sync(device)
+            synchronize(device)
             seconds.append(time.perf_counter() - started)
         out[kind] = {"gb_per_s": host.numel() / statistics.median(seconds[1:]) / 1e9}
     return out
@@ -136,8 +133,7 @@ def main() -> None:
     else:  # an airbench-sized ConvNet at 64 px: large enough that the GPU, not launches, sets the pace
         size = {"widths": [64, 128, 256, 512], "image_size": 64, "batch_size": 256, "steps": 30, "warmup": 10}
         megabytes, repeats = 512, args.repeats
-    mixed = "bf16-mixed" if device.type != "cuda" or torch.cuda.is_bf16_supported(including_emulation=False) \
-        else "16-mixed"
+    mixed = mixed_precision(device)  # from the target device's capability, not the current device's
     results: dict[str, Any] = {"device": str(device), "sizes": size, "hardware": hardware()}
     print(describe(results["hardware"]), flush=True)
 

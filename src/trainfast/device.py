@@ -34,3 +34,17 @@ def resolve_device(spec: str) -> torch.device:
             raise ValueError(f"device={spec!r} but only {torch.cuda.device_count()} CUDA device(s) are visible")
         device = torch.device("cuda", index)
     return device
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Block until `device` has run all the work queued on it; a no-op on the CPU, whose kernels run in line.
+
+    Call it before every clock read that starts or stops a measurement: CUDA kernels run asynchronously, so
+    a clock started without it books warm-up work still queued to the measured steps, and one stopped without
+    it misses measured work. The device is named, not taken as the current one: on a multi-GPU host the work
+    may run on another. A device spec is resolved as `resolve_device` does ("auto": torchrun's GPU).
+    """
+    if isinstance(device, str):
+        device = resolve_device(device) if device_kind(device) == "auto" else torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():  # without CUDA nothing can be queued there
+        torch.cuda.synchronize(device)

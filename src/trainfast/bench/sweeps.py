@@ -32,7 +32,7 @@ from trainfast.bench.demo import FULL, QUICK, DemoSpec, run_naive, run_trainfast
 from trainfast.bench.hardware import hardware
 from trainfast.data.images import ImageFolder, Normalize
 from trainfast.data.models import build_model
-from trainfast.device import resolve_device
+from trainfast.device import resolve_device, synchronize
 from trainfast.loader.auto import threads_beside_workers
 from trainfast.loader.cpus import available_cpus
 from trainfast.loader.make import make_loader
@@ -105,8 +105,8 @@ def is_oom(error: BaseException) -> bool:
 def free_memory(device: torch.device) -> None:
     """Give back what the last row held: Python garbage, the CUDA cache, glibc's free heap pages."""
     gc.collect()
+    synchronize(device)  # the last row's kernels still hold their memory
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
     _malloc_trim()
 
@@ -180,7 +180,7 @@ class _Peak:
 
     def __exit__(self, *exc: object) -> None:
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            synchronize(self.device)  # the row's last kernels may still allocate
             self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
             return
         peak = current_rss()

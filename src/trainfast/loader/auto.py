@@ -53,8 +53,11 @@ def threads_beside_workers(cpus: int, workers: int) -> int:
 
 def plan_loader(*, workers: int | Auto, pin_memory: bool | Auto, prefetch_factor: int | Auto,
                 persistent_workers: bool | Auto, drop_last: bool | Auto, shuffle: bool, dataset_len: int,
-                in_memory: bool, target: str, cpus: int, devices: int = 1) -> LoaderPlan:
-    """Resolve every "auto" for a loader feeding `target` ("cpu" or "cuda") from `cpus` usable CPUs."""
+                in_memory: bool, target: str, cpus: int, devices: int = 1, on_device: bool = False) -> LoaderPlan:
+    """Resolve every "auto" for a loader feeding `target` ("cpu" or "cuda") from `cpus` usable CPUs.
+
+    `on_device`: the data is in-memory tensors that all live on an accelerator already (nothing to copy).
+    """
     reasons: list[str] = []
     if workers != "auto":
         n = workers
@@ -73,9 +76,17 @@ def plan_loader(*, workers: int | Auto, pin_memory: bool | Auto, prefetch_factor
         n, threads = split_cpu(cpus)
         reasons.append(f"num_workers={n}: {cpus} usable CPUs shared with {threads} compute thread(s) on the CPU")
 
-    pin = (target == "cuda") if pin_memory == "auto" else pin_memory
-    reasons.append(f"pin_memory={pin}" + (" (target is CUDA: page-locked buffers copy asynchronously)"
-                                           if pin_memory == "auto" and pin else ""))
+    if on_device:
+        # Pinning page-locks host memory; these tensors are not in host memory, and pinning them is an error.
+        # An explicit True is ignored rather than rejected: `workers="tuned"` passes on a tuning's choice.
+        pin = False
+        reasons.append("pin_memory=True ignored: the tensors are already on the device and only host memory can "
+                       "be pinned" if pin_memory is True else
+                       "pin_memory=False (tensors already on the device: no host-to-device copy to speed up)")
+    else:
+        pin = (target == "cuda") if pin_memory == "auto" else pin_memory
+        reasons.append(f"pin_memory={pin}" + (" (target is CUDA: page-locked buffers copy asynchronously)"
+                                               if pin_memory == "auto" and pin else ""))
     persistent = n > 0 if persistent_workers == "auto" else (persistent_workers and n > 0)
     if n > 0:
         reasons.append(f"persistent_workers={persistent}" + (" (no worker restart each epoch)" if persistent else ""))

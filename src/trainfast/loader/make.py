@@ -99,6 +99,9 @@ class Loader(EpochLoader):
             shutdown = getattr(iterator, "_shutdown_workers", None)
             if shutdown is not None:
                 shutdown()
+            for worker in getattr(iterator, "_workers", ()):
+                if worker.is_alive():  # hung, and deaf to torch's SIGTERM: workers ignore stop signals in fit
+                    worker.kill()
 
     def _explain(self, error: Exception) -> LoaderError | None:
         return explain_failure(error, num_workers=self.plan.num_workers, prefetch_factor=self.plan.prefetch_factor,
@@ -152,7 +155,8 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
     """A loader with every "auto" resolved for this machine; logs what it chose and why.
 
     `dataset` may be any map-style Dataset, or tensors already in memory (a `TensorDataset` or a
-    sequence of tensors), which take the in-memory path: batched indexing, no workers, no collate.
+    sequence of tensors), which take the in-memory path: batched indexing, no workers, no collate; tensors
+    already on the GPU are gathered there, and pinning (host memory only) does not apply to them.
     Shuffle order and per-batch augmentation seeds depend only on (seed, epoch, batch), never on the
     worker count. `rank`/`world_size` default to torchrun's `RANK`/`WORLD_SIZE`. `workers="tuned"` takes
     workers, prefetch, pinning and (for CPU training) intra-op threads from `trainfast tune`'s result for
@@ -191,7 +195,8 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
         workers, prefetch_factor, pin_memory = tuned.num_workers, tuned.prefetch_factor or "auto", tuned.pin_memory
     plan = plan_loader(workers="auto" if workers == "tuned" else workers, pin_memory=pin_memory,
                        prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, drop_last=drop_last,
-                       shuffle=shuffle, dataset_len=n, in_memory=tensors is not None, target=target, cpus=cpus)
+                       shuffle=shuffle, dataset_len=n, in_memory=tensors is not None, target=target, cpus=cpus,
+                       on_device=tensors is not None and all(t.device.type != "cpu" for t in tensors))
     if tuned is not None:
         plan = replace(plan, cpu_threads=tuned.cpu_threads,
                        reasons=(f"tuned by measurement ({tuned.label()})", *plan.reasons))
@@ -200,6 +205,10 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
         log.info("make_loader: in-memory path; %s", plan.describe())
         return TensorLoader(tensors, batch_size, shuffle=shuffle, drop_last=plan.drop_last, seed=seed, rank=rank,
                             world_size=world_size, pin_memory=plan.pin_memory, normalize=norm, plan=plan)
+    on_device = sorted({str(t.device) for t in tensors or () if t.device.type != "cpu"})
+    if on_device:  # worker processes cannot index a GPU's memory (CUDA does not survive fork)
+        raise ValueError(f"workers={plan.num_workers} with tensors on {', '.join(on_device)}: worker processes "
+                         "cannot index device memory; use workers=0 (or 'auto'), which batches them in place")
     if tensors is not None and not isinstance(dataset, Dataset):
         dataset = TensorDataset(*tensors)
     samples = cast(Dataset[Any], dataset)  # any sequence of samples works, as with DataLoader

@@ -88,6 +88,10 @@ class DevicePrefetcher:
         compute = torch.cuda.current_stream(self.device)
 
         def stage(raw: Any) -> Any:
+            # Order the side stream after all work queued on the compute stream so far, the writes of the
+            # normalisation tensors in __init__ included: read unordered, they race. The copy of batch N+1 then
+            # waits for batch N-1's kernels only, and still overlaps batch N's.
+            stream.wait_stream(compute)
             with torch.cuda.stream(stream):
                 return self.transform(move(raw, self.device, non_blocking=True))
 

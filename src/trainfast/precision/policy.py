@@ -45,12 +45,17 @@ class DeviceCaps:
     bf16: bool = False
 
 
+# Ampere's compute capability: native bf16 and TF32 tensor-core math start here (older GPUs emulate bf16, slowly).
+AMPERE = (8, 0)
+
+
 def device_caps(device: torch.device) -> DeviceCaps:
     if device.type != "cuda":
         return DeviceCaps(device.type)
-    # including_emulation=False: pre-Ampere GPUs "support" bf16 only by slow emulation
-    return DeviceCaps("cuda", torch.cuda.get_device_capability(device),
-                      torch.cuda.is_bf16_supported(including_emulation=False))
+    # From `device`'s own capability: torch.cuda.is_bf16_supported() asks the *current* device, which on a
+    # host with mixed GPUs may be another model than the one trained on.
+    capability = torch.cuda.get_device_capability(device)
+    return DeviceCaps("cuda", capability, capability >= AMPERE)
 
 
 @dataclass(frozen=True)
@@ -75,7 +80,7 @@ def resolve_precision(requested: str, caps: DeviceCaps) -> PrecisionPolicy:
     if requested not in PRECISIONS:
         raise ValueError(f"precision={requested!r} is not valid; choose one of: {', '.join(PRECISIONS)}")
     cuda = caps.device_type == "cuda"
-    ampere = cuda and caps.capability is not None and caps.capability >= (8, 0)
+    ampere = cuda and caps.capability is not None and caps.capability >= AMPERE
     name, why = requested, "requested"
     if requested == "auto":
         if not cuda:
@@ -133,6 +138,16 @@ class LossScaler:
     def state_dict(self) -> dict[str, object]:
         return {"scaler": self.scaler.state_dict(), "skipped": self._skipped.cpu()}
 
-    def load_state_dict(self, state: dict[str, object]) -> None:
+    def load_state_dict(self, state: dict[str, object]) -> bool:
+        """Restore a saved scale and skipped-step count: True if done; False, changing nothing, if either side
+        has no scale.
+
+        A disabled scaler (bf16 or fp32 training) saves an empty state: resuming such a checkpoint where fp16 is
+        now chosen keeps this scaler's fresh scale (`GradScaler` itself raises on the empty state). A disabled
+        scaler has no use for a saved scale.
+        """
+        if not self.enabled or not state.get("scaler"):
+            return False
         self.scaler.load_state_dict(state["scaler"])  # type: ignore[arg-type]
         self._skipped.copy_(state["skipped"])  # type: ignore[arg-type]
+        return True

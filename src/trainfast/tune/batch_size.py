@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainfast.device import resolve_device
+from trainfast.device import resolve_device, synchronize
 from trainfast.precision.policy import PrecisionPolicy, device_caps, resolve_precision
 
 log = logging.getLogger("trainfast")
@@ -107,6 +107,7 @@ def find_batch_size(model: nn.Module, sample: Sample, *, precision: str = "auto"
 
     def fits(batch: int) -> bool:
         nonlocal suspect, last_oom
+        synchronize(dev)  # the model's and the sample's copies to the device are not this try's time
         started = time.perf_counter()
         try:
             _train_step(model, x, y, batch, policy, step_fn)
@@ -215,8 +216,7 @@ def _train_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | 
         with policy.autocast():
             loss = step_fn(model, x if y is None else (x, y)) if step_fn is not None else default_loss(model, x, y)
         loss.backward()  # outside autocast, as in training
-    if x.device.type == "cuda":
-        torch.cuda.synchronize(x.device)  # an asynchronous failure belongs to this try, and so does its time
+    synchronize(x.device)  # an asynchronous failure belongs to this try, and so does its time
 
 
 def default_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:

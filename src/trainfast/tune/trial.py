@@ -7,8 +7,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import torch
-
+from trainfast.device import synchronize
 from trainfast.loader.make import make_loader
 from trainfast.samples import batch_samples
 from trainfast.trainer.settings import torch_settings
@@ -18,7 +17,8 @@ StepFn = Callable[[Any], Any]
 
 @dataclass(frozen=True, order=True)
 class LoaderConfig:
-    """What the tuner varies. Ordered cheapest first: fewer workers, fewer prefetched batches, no pinning."""
+    """What the tuner varies. Ordered cheapest first for a CPU target: fewer workers, fewer prefetched batches, no
+    pinning (on CUDA pinning is the default and costs nothing: `search.cheapest_within(cuda=True)`)."""
 
     num_workers: int
     prefetch_factor: int | None = None
@@ -55,7 +55,11 @@ class Trial:
 
 def run_trial(dataset: Any, batch_size: int, config: LoaderConfig, *, step_fn: StepFn | None, batches: int,
               warmup: int, device: str = "auto") -> Trial:
-    """Samples/s over `batches` batches after `warmup` (worker start-up, first-batch effects excluded)."""
+    """Samples/s over `batches` batches after `warmup` (worker start-up, first-batch effects excluded).
+
+    The device is synchronised before the clock starts and before it stops (`device` names it, "auto" as
+    `resolve_device` resolves it): otherwise queued warm-up work is booked to the measured batches.
+    """
     started = time.perf_counter()
     loader = make_loader(dataset, batch_size, shuffle=True, workers=config.num_workers,
                          prefetch_factor=config.prefetch_factor or "auto", pin_memory=config.pin_memory,
@@ -64,6 +68,9 @@ def run_trial(dataset: Any, batch_size: int, config: LoaderConfig, *, step_fn: S
     try:
         with torch_settings(cpu_threads=config.cpu_threads):
             seen = 0
+            if warmup == 0:
+                synchronize(device)
+                clock = time.perf_counter()
             while seen < warmup + batches:
                 fetched = 0
                 for batch in loader:  # a short dataset is cycled: a measurement needs enough batches
@@ -72,6 +79,7 @@ def run_trial(dataset: Any, batch_size: int, config: LoaderConfig, *, step_fn: S
                         step_fn(batch)
                     seen += 1
                     if seen == warmup:
+                        synchronize(device)
                         clock = time.perf_counter()
                     elif seen > warmup:
                         samples += batch_samples(batch)
@@ -79,8 +87,7 @@ def run_trial(dataset: Any, batch_size: int, config: LoaderConfig, *, step_fn: S
                         break
                 if fetched == 0:
                     raise ValueError("the dataset yields no batch at this batch size; lower batch_size")
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
+            synchronize(device)
             elapsed = time.perf_counter() - clock
     finally:
         close = getattr(loader, "close", None)

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from trainfast.device import synchronize
 from trainfast.loader.cpus import available_cpus
 from trainfast.loader.make import make_loader
 from trainfast.samples import batch_samples
@@ -38,15 +39,16 @@ def _quiet() -> Iterator[None]:
         progress.setLevel(own)
 
 
-def _compute_rate(dataset: Any, batch_size: int, step_fn: StepFn, repeats: int = 10) -> float:
+def _compute_rate(dataset: Any, batch_size: int, step_fn: StepFn, repeats: int = 10, *,
+                  device: str = "auto") -> float:
     """Samples/s of the training step alone, replaying one cached batch: the most any loader could feed."""
-    batch = next(iter(make_loader(dataset, batch_size, workers=0, shuffle=False)))
+    batch = next(iter(make_loader(dataset, batch_size, workers=0, shuffle=False, device=device)))
     step_fn(batch)  # warm-up
+    synchronize(device)  # the warm-up step's kernels are not the measured steps'
     started = time.perf_counter()
     for _ in range(repeats):
         step_fn(batch)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    synchronize(device)
     return repeats * batch_samples(batch) / (time.perf_counter() - started)
 
 
@@ -65,7 +67,7 @@ def tune_loader(dataset: Any, batch_size: int, step_fn: StepFn | None = None, *,
     cpus = available_cpus()
     started = time.perf_counter()
     with _quiet():
-        compute_rate = _compute_rate(dataset, batch_size, step_fn) if step_fn is not None else None
+        compute_rate = _compute_rate(dataset, batch_size, step_fn, device=device) if step_fn is not None else None
         if batches is None:  # size every trial from the baseline's speed so the whole search fits the budget
             probe = run_trial(dataset, batch_size, LoaderConfig(0), step_fn=step_fn, batches=MIN_BATCHES, warmup=2,
                               device=device)
@@ -84,7 +86,7 @@ def tune_loader(dataset: Any, batch_size: int, step_fn: StepFn | None = None, *,
         trials = search(measure, cpus=cpus, cpu_training=step_fn is not None and target == "cpu",
                         cuda=target == "cuda", budget_s=max(remaining, 0.0), compute_rate=compute_rate)
     baseline = trials[0]
-    chosen = cheapest_within(trials)
+    chosen = cheapest_within(trials, cuda=target == "cuda")
     key, describes = cache.cache_key(dataset, batch_size, with_step=step_fn is not None, device=target)
     describes["compute_only_samples_per_s"] = compute_rate
     result = TuneResult(chosen.config, chosen.samples_per_s, baseline.config, baseline.samples_per_s, trials,

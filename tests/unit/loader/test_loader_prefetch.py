@@ -195,7 +195,7 @@ def test_cuda_copies_the_next_batch_before_yielding(fake_cuda: list[tuple[Any, .
         records = {e[1] for e in window if e[0] == "record" and e[2] == "compute"}
         tensors = [batches[i][0], batches[i][1]["label"], batches[i][1]["weight"]]
         assert {id(t) for t in tensors} <= records
-    assert sum(e[0] == "wait" for e in events) == n
+    assert sum(e[:2] == ("wait", "compute") for e in events) == n
 
 
 def test_cuda_empty_loader_yields_nothing(fake_cuda: list[tuple[Any, ...]]) -> None:
@@ -208,3 +208,34 @@ def test_cuda_consumer_stopping_early(fake_cuda: list[tuple[Any, ...]]) -> None:
     next(it)
     it.close()  # type: ignore[attr-defined]
     assert [e[1] for e in fake_cuda if e[0] == "copy"] == [0, 1]  # nothing fetched beyond one batch ahead
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_cuda_side_stream_waits_for_the_compute_stream_before_each_copy(fake_cuda: list[tuple[Any, ...]],
+                                                                          n: int) -> None:
+    """Every copy (and the transform reading the normalisation tensors) is ordered after the compute stream's work."""
+    events = fake_cuda
+    list(DevicePrefetcher(cuda_batches(n), "cuda"))
+    copies = [i for i, e in enumerate(events) if e[0] == "copy"]
+    for previous, copy in zip([0, *copies], copies, strict=False):
+        assert ("wait", "side", "compute") in events[previous:copy], events
+
+
+def test_cuda_normalisation_tensors_are_ordered_before_their_first_read(fake_cuda: list[tuple[Any, ...]],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The affine tensors are written on the default stream in __init__ and read on the side stream."""
+    events = fake_cuda
+
+    class RecordingTransform:
+        def __init__(self, device: torch.device, normalize: Normalize | None, channels_last: bool) -> None:
+            events.append(("affine written", device.type))
+
+        def __call__(self, batch: Any) -> Any:
+            events.append(("affine read",))
+            return batch
+
+    monkeypatch.setattr(prefetch, "InputTransform", RecordingTransform)
+    list(DevicePrefetcher(cuda_batches(2), "cuda", normalize=Normalize()))
+    written, wait = events.index(("affine written", "cuda")), events.index(("wait", "side", "compute"))
+    first_copy, first_read = events.index(("copy", 0, True, "side")), events.index(("affine read",))
+    assert written < wait < first_copy < first_read
