@@ -1,5 +1,6 @@
 """Data-parallel training through torchrun on the CPU (gloo): the CLI, bit-exact resume with 2 ranks after a
-SIGTERM, a crashed rank under --max-restarts, and SIGTERM delivered to torchrun itself."""
+SIGTERM, a crashed rank under --max-restarts, SIGTERM delivered to torchrun itself (and so to every process of
+each rank, loader workers included), and SIGTERM to a single process's whole process group."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,17 @@ def torchrun(*args: str, restarts: int = 0) -> list[str]:
 
 
 def run(cmd: list[str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
+    """Run `cmd` in its own process group; on a timeout kill the whole group and fail with its stderr (the
+    script's watchdog has dumped every rank's stacks there by then)."""
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{' '.join(cmd[-8:])} ran past {timeout} s; its stderr ends:\n{stderr[-6000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 def digests(out: Path) -> list[dict[str, object]]:
@@ -97,3 +109,63 @@ def test_sigterm_to_torchrun_itself(tmp_path: Path) -> None:
     state = torch.load(tmp_path / "ckpt" / "last.pt", weights_only=True)
     assert 2 <= state["step"] < 400 * 4, stderr[-2000:]
     assert "stopped at epoch" in stderr
+
+
+def wait_for(marker: Path, proc: subprocess.Popen[str], seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert marker.exists(), "training never started: " + (proc.communicate(timeout=30)[1][-2000:]
+                                                            if proc.poll() is not None else "still starting")
+
+
+def stop_within_seconds(cmd: list[str], marker: Path, signal_it: Callable[[subprocess.Popen[str]], None],
+                        ) -> tuple[int, float, str]:
+    """Start `cmd`, signal it once training runs, return (exit status, seconds from signal to exit, stderr)."""
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        wait_for(marker, proc)
+        signalled = time.monotonic()
+        signal_it(proc)
+        _, stderr = proc.communicate(timeout=120)
+        return proc.returncode, time.monotonic() - signalled, stderr
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def assert_stopped_here_and_resumes(tmp_path: Path, stderr: str, resume: list[str], steps: int,
+                                    ranks: bool) -> None:
+    state = torch.load(tmp_path / "ckpt" / "last.pt", weights_only=True)
+    assert state["step"] >= 2 and "stopped at epoch" in stderr, stderr[-3000:]
+    assert f"(step {state['step']})" in stderr  # the checkpoint is the stop point's, not the last epoch's
+    # torchrun prints its own traceback when signalled; a rank's would start with "[rankN]:"
+    ours = [line for line in stderr.splitlines() if "Traceback" in line and line.startswith("[rank" if ranks else "")]
+    assert "is killed by signal" not in stderr and not ours, stderr[-3000:]
+    resumed = run(resume)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {tmp_path / 'ckpt' / 'last.pt'}" in resumed.stderr
+    assert json.loads((tmp_path / "out" / "rank0.json").read_text())["steps"] == steps
+
+
+def test_sigterm_to_torchrun_with_workers_and_slow_steps_stops_within_seconds(tmp_path: Path) -> None:
+    """The default log_every (50) is far beyond the run's steps: the ranks still agree to stop within seconds."""
+    marker = tmp_path / "training"
+    args = [str(SCRIPT), "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"), "--workers", "1",
+            "--log-every", "50"]
+    status, seconds, stderr = stop_within_seconds(torchrun(*args, "--slow", "1", "--marker", str(marker)), marker,
+                                                  lambda proc: proc.send_signal(signal.SIGTERM))
+    assert status != 0 and seconds < 10, (status, seconds, stderr[-3000:])
+    assert_stopped_here_and_resumes(tmp_path, stderr, torchrun(*args, "--slow", "0.001", "--resume"), 12, ranks=True)
+
+
+def test_sigterm_to_a_single_process_group_with_workers_stops_cleanly(tmp_path: Path) -> None:
+    """`scancel` signals every process of the job: the loader workers must leave the stop to the main process."""
+    marker = tmp_path / "training"
+    args = [sys.executable, str(SCRIPT), "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
+            "--workers", "2", "--log-every", "50"]
+    status, seconds, stderr = stop_within_seconds([*args, "--slow", "0.5", "--marker", str(marker)], marker,
+                                                  lambda proc: os.killpg(proc.pid, signal.SIGTERM))
+    assert status == 143 and seconds < 10, (status, seconds, stderr[-3000:])
+    assert_stopped_here_and_resumes(tmp_path, stderr, [*args, "--slow", "0.001", "--resume"], 24, ranks=False)

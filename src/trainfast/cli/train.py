@@ -14,7 +14,7 @@ from trainfast.data.models import MODELS, build_model
 from trainfast.data.synthetic import SIZES, ensure_demo_dataset
 from trainfast.loader.make import make_loader
 from trainfast.loader.seeding import seed_all
-from trainfast.trainer.checkpoint import CheckpointError
+from trainfast.trainer.checkpoint import CheckpointError, CheckpointWriteError
 from trainfast.trainer.config import TrainConfig
 from trainfast.trainer.loop import NonFiniteLossError, Trainer
 
@@ -26,7 +26,8 @@ EXAMPLES = """examples:
   torchrun --standalone --nproc-per-node=2 -m trainfast train --epochs 2 --checkpoint-dir runs/ddp --resume
 
 --data DIR must hold DIR/train/<class>/<image> (and optionally DIR/val/<class>/<image>).
-Exit codes: 0 done, 1 training failed (e.g. non-finite loss), 2 bad input, 143 stopped by SIGTERM (checkpoint saved).
+Exit codes: 0 done, 1 training failed (a non-finite loss, or no room to write last.pt: the message names the
+checkpoint to resume from), 2 bad input, 143 stopped by SIGTERM (checkpoint saved).
 """
 
 
@@ -76,6 +77,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                       if val_set is not None else None)
         trainer = Trainer(model, config=config)
         result = trainer.fit(train_loader, val_loader, resume=args.resume)
+    except CheckpointWriteError as e:  # not bad input: the disk filled up (or the like) while training
+        if int(os.environ.get("RANK", "0")) == 0:  # every rank raises it; rank 0 says it, once
+            log.error("%s", e)
+        return 1
     except CheckpointError as e:
         parser.error(str(e))
     except NonFiniteLossError as e:

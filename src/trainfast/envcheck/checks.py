@@ -1,8 +1,8 @@
 """Pre-flight checks: one small function per check, each returning a `Check` that says what it measured and the fix.
 
-The checks are pure: what they judge (CPU counts, free shared memory, the open-files limit, torch settings)
-is passed in, and the `read_*` functions next to them read it from this machine. That keeps every verdict
-testable with made-up numbers, and lets `preflight` and `trainfast env` share them.
+The checks are pure: what they judge (CPU counts, free shared memory, the open-files limit, room for checkpoints,
+torch settings) is passed in, and the `read_*` functions next to them read it from this machine. That keeps every
+verdict testable with made-up numbers, and lets `preflight` and `trainfast env` share them.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import contextlib
 import io
 import logging
 import os
+import shutil
 import sqlite3
 import sys
 import tarfile
@@ -18,6 +19,7 @@ import types
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -176,6 +178,54 @@ def open_files_check(soft_limit: int | None, num_workers: int | None) -> Check:
                      'raise it before starting (ulimit -n 65536) or call '
                      'torch.multiprocessing.set_sharing_strategy("file_system")')
     return Check("open_files", "ok", f"open-files soft limit {shown} (>= {LOW_OPEN_FILES})")
+
+
+# --- room for checkpoints ----------------------------------------------------------------------------------
+
+
+def read_free_bytes(path: str | os.PathLike[str]) -> int | None:
+    """Free bytes on the volume that holds `path` (or its nearest existing parent: a checkpoint folder may not
+    exist yet); None where it cannot be read."""
+    for candidate in (Path(path), *Path(path).parents):
+        if candidate.exists():
+            try:
+                return int(shutil.disk_usage(candidate).free)
+            except OSError:
+                return None
+    return None
+
+
+def checkpoint_files_needed(keep: int) -> int:
+    """Checkpoint files on disk at the worst moment: `keep` rotated last.pt files, best.pt, and the temporary
+    copy that replaces best.pt (atomic writes hold the old file until the new one is complete)."""
+    return keep + 2
+
+
+def checkpoint_space_check(folder: str, free_bytes: int | None, checkpoint_bytes: int, keep: int,
+                           held_bytes: int = 0) -> Check:
+    """Is there room in `folder` for the checkpoints training keeps there, each about `checkpoint_bytes` (model
+    and optimizer state)? `held_bytes`: checkpoints already there, which the new ones replace."""
+    if free_bytes is None:
+        return Check("checkpoint_space", "info", f"free space in {folder!r} unknown (not readable on this system)")
+    files = checkpoint_files_needed(keep)
+    need = files * checkpoint_bytes
+    room = free_bytes + held_bytes
+    held = f" (+ {format_bytes(held_bytes)} in the checkpoints already there, which get replaced)" if held_bytes else ""
+    sizing = (f"each checkpoint takes about {format_bytes(checkpoint_bytes)} (model and optimizer state), and up to "
+              f"{files} are on disk at once (keep_checkpoints={keep}, best.pt and the copy that replaces it): "
+              f"{format_bytes(need)}")
+    fix = (f"free space in {folder!r}, lower keep_checkpoints (now {keep}), or use another checkpoint_dir "
+           "(--checkpoint-dir) on a volume with room")
+    if room < checkpoint_bytes:
+        return Check("checkpoint_space", "fail",
+                     f"checkpoint folder {folder!r} has {format_bytes(free_bytes)} free{held}, not enough for one "
+                     f"checkpoint: {sizing}. The first save will stop training", fix)
+    if room < need:
+        return Check("checkpoint_space", "warn",
+                     f"checkpoint folder {folder!r} has {format_bytes(free_bytes)} free{held}, less than training "
+                     f"needs: {sizing}. A save that finds the disk full stops training (or skips best.pt)", fix)
+    return Check("checkpoint_space", "ok",
+                 f"checkpoint folder {folder!r} has {format_bytes(free_bytes)} free{held}; {sizing}")
 
 
 # --- CUDA settings -----------------------------------------------------------------------------------------

@@ -1,10 +1,12 @@
 """This machine as training sees it (`environment`), the loader checks to run before the first batch
-(`preflight`), and the block users paste into bug reports (`bug_report_block`)."""
+(`preflight`), room for the checkpoints (`checkpoint_preflight`), and the block users paste into bug reports
+(`bug_report_block`)."""
 
 from __future__ import annotations
 
 import os
 import platform
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -14,6 +16,7 @@ from trainfast import __version__
 from trainfast.envcheck.checks import (
     UNLIMITED,
     Check,
+    checkpoint_space_check,
     cpu_check,
     cuda_alloc_conf_check,
     cuda_versions_check,
@@ -23,6 +26,7 @@ from trainfast.envcheck.checks import (
     open_files_check,
     read_cuda_alloc_conf,
     read_driver_version,
+    read_free_bytes,
     read_open_files_limit,
     read_shm_bytes,
     read_tf32_settings,
@@ -183,6 +187,13 @@ def preflight(loader: object, *, batch_bytes: int | None = None) -> list[Check]:
     if dataset is not None:
         checks.append(db_handles_check(dataset, num_workers=workers))
     return checks
+
+
+def checkpoint_preflight(folder: str | Path, checkpoint_bytes: int, keep: int, held_bytes: int = 0) -> Check:
+    """Room on the volume of `folder` for `keep` rotated checkpoints and best.pt of about `checkpoint_bytes`
+    each, checked before training, not found out as a full disk at the end of an epoch. `held_bytes`: the
+    checkpoints already in `folder` (a resumed run), which the new ones replace."""
+    return checkpoint_space_check(str(folder), read_free_bytes(folder), checkpoint_bytes, keep, held_bytes)
 
 
 # --- the bug-report block ----------------------------------------------------------------------------------

@@ -3,27 +3,49 @@
 A checkpoint is one `torch.save` zip, written atomically (see `trainfast.atomic`): a crash at any
 instant leaves either the old or the new file, never a torn one. `torch.load` does not check the
 zip's CRCs, so a flipped byte inside a tensor would load silently; `load_checkpoint` checks them first.
+
+Resuming loads every piece on the CPU, whatever device trains: `load_state_dict` copies the model's and the
+optimizer's tensors to their parameters' device, and RNG states must be CPU ByteTensors (a CUDA-mapped
+one makes `torch.set_rng_state` refuse it).
+
+A write that fails (a full disk, a quota, a read-only folder) raises `CheckpointWriteError`: its message
+names the folder, the bytes needed and free, and the intact checkpoint to resume from.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import itertools
 import logging
+import pickle
 import platform
 import random
 import zipfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import torch
 
-from trainfast.atomic import TEMP_PREFIX, atomic_write
+from trainfast.atomic import TEMP_PREFIX, atomic_copy, atomic_write
+from trainfast.envcheck.checks import format_bytes, read_free_bytes
 
 log = logging.getLogger("trainfast")
+# Beyond the model and optimizer tensors a checkpoint holds RNG states, the config and zip headers: 18 KiB
+# for a one-layer model here.
+METADATA_BYTES = 20 * 1024
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint file is missing, corrupt, or not a trainfast checkpoint; the message names it."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint to resume from could not be written (no space, a quota, permissions); training stopped.
+
+    The message names the folder, the bytes needed and free, and the intact checkpoint to resume from."""
 
 
 def atomic_save(obj: Any, path: str | Path) -> Path:
@@ -45,15 +67,110 @@ def rotate(path: Path, keep: int) -> None:
             newer.replace(older)
 
 
-def load_latest_good(path: Path, keep: int, map_location: str | torch.device = "cpu",
-                     trusted: bool = False) -> tuple[Path, dict[str, Any]] | None:
-    """The newest of the kept checkpoints that verifies; says which were skipped and why. None if none exist."""
+def unrotate(path: Path, keep: int) -> None:
+    """Undo `rotate` after the new `path` could not be written, so `path` names the newest intact checkpoint
+    again (the oldest one, dropped by the rotation, stays gone). Never overwrites a file."""
+    names = rotated(path, keep)
+    for newer, older in itertools.pairwise(names):
+        if older.exists() and not newer.exists():
+            older.replace(newer)
+
+
+def resume_point(path: Path, keep: int) -> Path | None:
+    """The newest kept checkpoint on disk (each was written atomically, so it is whole), or None."""
+    return next((p for p in rotated(path, keep) if p.is_file()), None)
+
+
+def state_bytes(obj: Any) -> int:
+    """Tensor bytes in a (nested) state dict: what `torch.save` writes, give or take a few KiB of metadata."""
+    if isinstance(obj, torch.Tensor):
+        return int(obj.untyped_storage().nbytes()) if obj.device.type != "meta" else 0
+    values: Iterable[Any] = obj.values() if isinstance(obj, Mapping) else obj if isinstance(obj, (list, tuple)) else ()
+    return sum(state_bytes(v) for v in values)
+
+
+def estimate_checkpoint_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes one checkpoint of `model` and `optimizer` will take. Before the first step an optimizer holds no
+    state yet: assume what it will hold, 2 copies of each trained parameter for Adam-style ones (AdamW's two
+    moments), 1 for SGD with momentum, none for plain SGD."""
+    held = state_bytes(optimizer.state_dict()["state"])
+    if held == 0:
+        trained = sum(p.numel() * p.element_size() for g in optimizer.param_groups for p in g["params"]
+                      if p.requires_grad)
+        if isinstance(optimizer, torch.optim.SGD):
+            copies = 1 if any(g.get("momentum") for g in optimizer.param_groups) else 0
+        else:
+            copies = 2
+        held = copies * trained
+    return state_bytes(model.state_dict()) + held + METADATA_BYTES
+
+
+def kept_bytes(folder: Path, keep: int) -> int:
+    """Bytes of the checkpoints already in `folder` (`last.pt`, `last.N.pt`, `best.pt`): the new ones replace them."""
+    total = 0
+    for path in [*rotated(folder / "last.pt", keep), folder / "best.pt"]:
+        with contextlib.suppress(OSError):
+            total += path.stat().st_size
+    return total
+
+
+def describe_write_failure(path: Path, needed_bytes: int, error: OSError, outcome: str) -> str:
+    """One message for a failed checkpoint write: the file, the error, bytes needed and free, what happens now,
+    and the fixes."""
+    folder = path.parent
+    why = error.strerror or str(error)
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = f"free space in {str(folder)!r}, lower keep_checkpoints, or use another checkpoint_dir (--checkpoint-dir)"
+    else:  # permissions, a read-only or failing volume: room is not the problem
+        fix = f"make {str(folder)!r} writable, or use another checkpoint_dir (--checkpoint-dir)"
+    return (f"could not write checkpoint {str(path)!r}: {why} (errno {error.errno}); {str(folder)!r} has "
+            f"{format_bytes(read_free_bytes(folder))} free, the file needs {format_bytes(needed_bytes)}. {outcome}. "
+            f"Fix: {fix}")
+
+
+def save_checkpoint(state: dict[str, Any], path: Path, keep: int) -> Path:
+    """Write the resume point `path`, keeping the previous `keep - 1` beside it (`last.1.pt`, ...).
+
+    A write that fails (a full disk, a quota, ...) leaves no temporary file, puts `path` back to the previous
+    checkpoint and raises `CheckpointWriteError` naming it (or saying there is none)."""
+    rotate(path, keep)
+    try:
+        return atomic_save(state, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):  # the renames failed too: resume still finds the newest kept file
+            unrotate(path, keep)
+        previous = resume_point(path, keep)
+        outcome = (f"Training stopped; the last intact checkpoint is {str(previous)!r}: resume from it "
+                   "(resume=True / --resume) once there is room" if previous is not None else
+                   "Training stopped; no checkpoint was written yet, so there is none to resume from")
+        raise CheckpointWriteError(describe_write_failure(path, state_bytes(state), e, outcome)) from e
+
+
+def copy_best(last: Path, best: Path) -> Path | None:
+    """Copy the just-written `last` to `best`. A failed copy only costs best.pt, never the run: it logs one
+    warning naming the folder, the bytes and the intact resume point, and returns None."""
+    try:
+        return atomic_copy(last, best)
+    except OSError as e:
+        try:
+            size = last.stat().st_size
+        except OSError:
+            size = 0
+        kept = "keeps the previous best" if best.is_file() else "was not written"
+        log.warning("%s", describe_write_failure(
+            best, size, e, f"Training goes on: {best.name} {kept}, and {str(last)!r} (the resume point) is intact"))
+        return None
+
+
+def load_latest_good(path: Path, keep: int, trusted: bool = False) -> tuple[Path, dict[str, Any]] | None:
+    """The newest of the kept checkpoints that verifies (loaded on the CPU); says which were skipped and why.
+    None if none exist."""
     errors = []
     for candidate in rotated(path, keep):
         if not candidate.exists():
             continue
         try:
-            state = load_checkpoint(candidate, map_location=map_location, trusted=trusted)
+            state = load_checkpoint(candidate, trusted=trusted)
         except CheckpointError as e:
             errors.append(str(e))
             continue
@@ -95,10 +212,12 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
         raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: CRC mismatch in {bad!r}")
     try:
         state = torch.load(path, map_location=map_location, weights_only=not trusted)
-    except Exception as e:  # torch raises UnpicklingError, RuntimeError, ... for unsafe or damaged content
+    except pickle.UnpicklingError as e:  # weights_only refused an object beyond tensors and plain values
         hint = "" if trusted else (" (it holds objects beyond tensors and plain values; load it with trusted=True "
                                    "only if you made it yourself: unpickling runs code)")
         raise CheckpointError(f"checkpoint {str(path)!r} cannot be loaded safely: {e}{hint}") from e
+    except Exception as e:  # RuntimeError, ... for damaged content: trusting the file would not help
+        raise CheckpointError(f"checkpoint {str(path)!r} cannot be loaded: {e}") from e
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{str(path)!r} is not a trainfast checkpoint (no 'model' entry)")
     return state
@@ -117,12 +236,19 @@ def rng_state() -> dict[str, Any]:
     }
 
 
+def _byte_state(t: torch.Tensor) -> torch.Tensor:
+    """torch and CUDA RNG states are only taken as CPU ByteTensors, wherever the checkpoint put them."""
+    return t.detach().to(device="cpu", dtype=torch.uint8)
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
+    """Restore what `rng_state()` returned, from tensors on any device and of any integer dtype."""
+    torch.set_rng_state(_byte_state(state["torch"]))
     if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([_byte_state(s) for s in state["cuda"]])
     n = state["numpy"]
-    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    keys = n["keys"].detach().cpu().numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", keys, int(n["pos"]), int(n["has_gauss"]), float(n["gauss"])))
     p = state["python"]
     random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
 

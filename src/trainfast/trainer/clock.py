@@ -49,6 +49,10 @@ class StepClock:
         """The loop asked for a batch at `started` and got it at `now`."""
         self.wait_s.append(now - started)
 
+    def warming_up_last(self) -> bool:
+        """The step about to be recorded is the last warm-up step (the device should be idle at its end)."""
+        return len(self.step_s) == self.warmup_steps - 1
+
     def step_done(self, samples: int) -> float:
         now = time.perf_counter()
         self.step_s.append(now - self._last_end)

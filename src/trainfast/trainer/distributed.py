@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import torch.distributed as dist
 
 log = logging.getLogger("trainfast")
 TIMEOUT = timedelta(minutes=10)  # a collective that waits longer than this means a peer is gone
+RELEASE_S = 0.05  # see process_group: time for the collective threads to let go of Python's tensors
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,11 @@ def process_group(info: DistInfo, device: torch.device) -> Iterator[bool]:
     try:
         yield True
     finally:
+        # A gloo worker thread releases the last collective's tensors after that collective returns, and needs
+        # the GIL to do so. If the group is destroyed before (here, or later by DDP's reducer, which keeps it),
+        # its destructor joins that thread while holding the GIL: a deadlock, seen in ~1 of 7 2-rank runs.
+        # Sleeping hands the GIL over; the threads are idle from then on.
+        time.sleep(RELEASE_S)
         dist.destroy_process_group()
 
 
@@ -99,6 +106,16 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     t = torch.tensor([1.0 if flag else 0.0], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item() > 0)
+
+
+def agree_on_stop(requested: bool, steps: int, device: torch.device) -> tuple[bool, int]:
+    """(any rank requested a stop, the smallest `steps` any rank proposed): one all-reduce of two numbers."""
+    if not dist_initialized():
+        return requested, steps
+    t = torch.tensor([1.0 if requested else 0.0, -float(steps)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the max of -steps is -(the smallest)
+    flag, neg_steps = t.tolist()
+    return flag > 0, int(-neg_steps)
 
 
 def gather(obj: Any) -> list[Any]:

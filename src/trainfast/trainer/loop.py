@@ -23,9 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainfast.atomic import atomic_copy
-from trainfast.device import resolve_device
-from trainfast.envcheck.environment import preflight
+from trainfast.device import resolve_device, synchronize
+from trainfast.envcheck.environment import checkpoint_preflight, preflight
 from trainfast.loader.auto import threads_beside_workers
 from trainfast.loader.cpus import available_cpus
 from trainfast.loader.seeding import seed_all
@@ -35,12 +34,15 @@ from trainfast.samples import batch_samples
 from trainfast.trainer.callbacks import check_callbacks, emit
 from trainfast.trainer.checkpoint import (
     CheckpointError,
-    atomic_save,
+    CheckpointWriteError,
     clean_stale_temps,
+    copy_best,
+    estimate_checkpoint_bytes,
+    kept_bytes,
     load_checkpoint,
     load_latest_good,
     rng_state,
-    rotate,
+    save_checkpoint,
     set_rng_state,
     versions,
 )
@@ -48,7 +50,6 @@ from trainfast.trainer.clock import StepClock
 from trainfast.trainer.config import ConfigError, TrainConfig
 from trainfast.trainer.distributed import (
     all_sum,
-    any_rank,
     barrier,
     dist_info,
     dist_initialized,
@@ -61,7 +62,7 @@ from trainfast.trainer.progress import ProgressReporter
 from trainfast.trainer.result import FitResult
 from trainfast.trainer.schedule import warmup_cosine
 from trainfast.trainer.settings import torch_settings
-from trainfast.trainer.signals import EXIT_CODE, StopSignal, parse_signals
+from trainfast.trainer.signals import EXIT_CODE, StopSchedule, StopSignal, parse_signals, workers_ignore
 
 log = logging.getLogger("trainfast")
 RATE_WINDOW = 50  # steps over which the progress display averages samples/s and data wait
@@ -110,6 +111,7 @@ class Trainer:
         self.last_metrics: dict[str, float] = {}  # train_loss, val_loss, val_accuracy of the last epoch
         self._skipped_seen = 0
         self._ddp: DistributedDataParallel | None = None
+        self._stop_schedule = StopSchedule()
         log.info("precision: %s (%s); device: %s", self.precision.name, self.precision.reason, self.device)
 
     # ---------------------------------------------------------------- the loop
@@ -137,7 +139,10 @@ class Trainer:
             stack.enter_context(torch_settings(cpu_threads=self._cpu_threads(train_loader), tf32=self.precision.tf32,
                                                cudnn_benchmark=cfg.cudnn_benchmark if self.device.type == "cuda"
                                                else None))
-            stop = stack.enter_context(StopSignal(parse_signals(cfg.stop_signals)))
+            signals = parse_signals(cfg.stop_signals)
+            stop = stack.enter_context(StopSignal(signals))
+            stack.enter_context(workers_ignore(signals, train_loader, val_loader))  # the main process stops them
+            self._stop_schedule = StopSchedule()
             stack.enter_context(closing(train_loader, val_loader))
             monitor = stack.enter_context(Monitor()) if cfg.monitor else None
             bar = stack.enter_context(ProgressReporter(enabled=cfg.progress and self.dist.is_main,
@@ -170,14 +175,23 @@ class Trainer:
 
     def _stop_agreed(self, stop: StopSignal) -> bool:
         """Stop now? Alone: whenever a signal came. Distributed: every rank at the same step, so the ranks agree
-        at log points (a collective, not a per-step sync); torchrun sends the signal to every rank anyway."""
+        every few seconds and at log points (a collective then, no per-step sync); a scheduler may signal only
+        some ranks."""
         if self._ddp is None and not dist_initialized():
             return stop.requested is not None
-        return self.step % self.config.log_every == 0 and any_rank(stop.requested is not None, self.device)
+        schedule, at_log_point = self._stop_schedule, self.step % self.config.log_every == 0  # a sync there anyway
+        return (at_log_point or schedule.due(self.step)) and schedule.agree(stop.requested is not None, self.step,
+                                                                            self.device)
 
     def _preflight(self, loader: Iterable[Any]) -> None:
-        """Environment checks for this loader before its first batch (shared memory, open files, CPUs, DB handles)."""
-        for check in preflight(loader):
+        """Environment checks for this loader before its first batch (shared memory, open files, CPUs, DB handles)
+        and, on the rank that writes them, room for the checkpoints."""
+        checks = preflight(loader)
+        if self.config.checkpoint_dir and self.dist.is_main:
+            folder, keep = Path(self.config.checkpoint_dir), self.config.keep_checkpoints
+            checks.append(checkpoint_preflight(folder, estimate_checkpoint_bytes(self.model, self.optimizer), keep,
+                                               kept_bytes(folder, keep)))
+        for check in checks:
             if check.status in ("warn", "fail"):
                 fix = f" (fix: {check.fix})" if check.fix else ""
                 log.warning("pre-flight %s: %s%s", check.name, check.detail, fix)
@@ -211,6 +225,8 @@ class Trainer:
             self.batch = b + 1
             self._loss_sum.add_(loss.detach())  # stays on the device until a log point
             self._loss_count += 1
+            if clock.warming_up_last():
+                synchronize(self.device)  # the measured steps' clock starts with no warm-up work queued
             now = clock.step_done(batch_samples(batch))
             if boundary:
                 if self.step % cfg.log_every == 0:
@@ -340,8 +356,9 @@ class Trainer:
         if self.config.checkpoint_dir:
             path = self.save(Path(self.config.checkpoint_dir) / "last.pt")
             if improved and self.dist.is_main:
-                best = atomic_copy(path, Path(self.config.checkpoint_dir) / "best.pt")
-                emit(self.callbacks, "on_checkpoint", self, best)
+                best = copy_best(path, Path(self.config.checkpoint_dir) / "best.pt")  # a failure only warns
+                if best is not None:
+                    emit(self.callbacks, "on_checkpoint", self, best)
             barrier()
         emit(self.callbacks, "on_epoch_end", self, self.epoch - 1, metrics)
         self.clock.resume()
@@ -358,13 +375,24 @@ class Trainer:
     def save(self, path: Path) -> Path:
         """Write a checkpoint (collective under DDP: every rank calls it, rank 0 writes, all wait for the file).
 
-        The previous `keep_checkpoints - 1` files are kept beside it (`last.1.pt`, ...) for a corrupt one."""
+        The previous `keep_checkpoints - 1` files are kept beside it (`last.1.pt`, ...) for a corrupt one.
+        A write that fails raises `CheckpointWriteError` on every rank (the previous checkpoint stays intact)."""
         rngs = gather(rng_state())  # each rank's RNG (its dropout stream) is part of an exact resume
+        failed: CheckpointWriteError | None = None
         if self.dist.is_main:
-            rotate(path, self.config.keep_checkpoints)
-            atomic_save(self.state_dict(rngs), path)
-            emit(self.callbacks, "on_checkpoint", self, path)
-        barrier()
+            try:
+                save_checkpoint(self.state_dict(rngs), path, self.config.keep_checkpoints)
+            except CheckpointWriteError as e:
+                failed = e
+            else:
+                emit(self.callbacks, "on_checkpoint", self, path)
+        # Rank 0's outcome reaches every rank here, once its write is done (the wait a barrier gave): a failure
+        # stops all ranks together instead of leaving the others waiting for a file that never comes.
+        outcome = gather(None if failed is None else str(failed))[0]
+        if failed is not None:
+            raise failed
+        if outcome is not None:
+            raise CheckpointWriteError(outcome)
         return path
 
     def _stop_for_signal(self) -> None:
@@ -382,15 +410,16 @@ class Trainer:
         if resume is True:
             if not self.config.checkpoint_dir:
                 raise ConfigError("resume=True needs checkpoint_dir (where last.pt lives), or pass the checkpoint path")
+            # Loaded on the CPU (checkpoint.py decides): load_state_dict copies into the parameters' device.
             found = load_latest_good(Path(self.config.checkpoint_dir) / "last.pt", self.config.keep_checkpoints,
-                                     map_location=self.device, trusted=trusted)
+                                     trusted=trusted)
             if found is None:
                 log.info("resume: no checkpoint in %s yet; starting from scratch", self.config.checkpoint_dir)
                 return
             path, state = found
         else:
             path = Path(resume)  # type: ignore[arg-type]
-            state = load_checkpoint(path, map_location=self.device, trusted=trusted)
+            state = load_checkpoint(path, trusted=trusted)
         assert self.scheduler is not None
         try:
             self.model.load_state_dict(state["model"])
@@ -398,7 +427,9 @@ class Trainer:
             self.scheduler.load_state_dict(state["scheduler"])
         except (RuntimeError, ValueError, KeyError) as e:
             raise CheckpointError(f"checkpoint {str(path)!r} does not fit this model/optimizer: {e}") from e
-        self.scaler.load_state_dict(state["scaler"])
+        if not self.scaler.load_state_dict(state["scaler"]) and self.scaler.enabled:  # saved in bf16 or fp32
+            log.info("resume: %s holds no loss scaler state (saved without fp16 loss scaling); this fp16 run "
+                     "starts a fresh loss scaler at scale %g", path, self.scaler.loss_scale)
         self.epoch, self.step, self.batch = state["epoch"], state["step"], state["batch"]
         self.best_metric = state["best_metric"]
         self._epoch_loss = list(state["epoch_loss"])

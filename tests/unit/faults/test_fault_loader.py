@@ -26,6 +26,7 @@ from torch.utils.data import Dataset, get_worker_info
 from trainfast.data.images import CorruptImageError, ImageFolder
 from trainfast.loader import Loader, LoaderError, faults, make_loader
 from trainfast.loader.faults import explain_failure
+from trainfast.trainer.signals import workers_ignore
 
 pytestmark = pytest.mark.timeout(60)  # every test here has a hard limit; worker tests set their own
 
@@ -160,6 +161,15 @@ def test_worker_hanging_past_timeout_names_the_causes_and_is_stopped(no_leaked_w
     assert isinstance(error.__cause__, RuntimeError)
     assert "DataLoader timed out after 1 seconds" in str(error.__cause__)
     assert loader.dataloader._iterator is None
+
+
+@pytest.mark.timeout(60)
+def test_a_hung_worker_that_ignores_sigterm_is_still_stopped(no_leaked_workers: None) -> None:
+    """In `Trainer.fit` workers ignore the stop signals; torch's own shutdown ends a hung one with SIGTERM."""
+    loader = loader_of(Hangs(seconds=40), 1, timeout_s=1, multiprocessing_context="fork")
+    with workers_ignore((signal.SIGTERM,), loader):
+        error = first_batch_error(loader)
+    assert error.kind == "timeout" and loader.dataloader._iterator is None
 
 
 @pytest.mark.timeout(60)

@@ -114,3 +114,19 @@ def test_zero_seconds_gives_zero_rates(summary: ClockSummary) -> None:
 
 def test_empty_clock(fake_time: FakeTime) -> None:
     assert StepClock().summary() == ClockSummary(0, 0, 0, 0)
+
+
+def test_the_trainer_syncs_the_device_once_as_warm_up_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA queued warm-up kernels would run on the first measured step's clock: one sync ends the warm-up."""
+    import torch
+    from torch import nn
+
+    from trainfast import TrainConfig, Trainer, make_loader
+    from trainfast.trainer import loop
+
+    trainer = Trainer(nn.Linear(4, 2), config=TrainConfig(epochs=1, device="cpu", progress=False, monitor=False))
+    synced_with: list[int] = []
+    monkeypatch.setattr(loop, "synchronize", lambda device: synced_with.append(len(trainer.clock.step_s)))
+    x, y = torch.randn(64, 4), torch.randint(0, 2, (64,))
+    trainer.fit(make_loader((x, y), 8, device="cpu"))
+    assert synced_with == [WARMUP_STEPS - 1]  # before the last warm-up step's end is read, and only then

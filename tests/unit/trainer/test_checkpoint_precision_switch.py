@@ -1,0 +1,57 @@
+"""Resuming under another precision: a checkpoint saved without loss scaling (bf16, fp32) resumed where fp16 is
+chosen keeps a fresh scaler; an fp16 checkpoint resumed without scaling ignores the saved scale."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from trainfast import TrainConfig, Trainer, make_loader
+from trainfast.precision.policy import ScalerConfig
+
+
+def blobs(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 4, (n,), generator=g)
+    return torch.randn(4, 8, generator=g)[y] * 3 + torch.randn(n, 8, generator=g), y
+
+
+def train(ckpt: Path, epochs: int, precision: str, **overrides: Any) -> Trainer:
+    x, y = blobs()
+    torch.manual_seed(0)
+    config = TrainConfig(epochs=epochs, checkpoint_dir=str(ckpt), progress=False, device="cpu", precision=precision,
+                         **overrides)
+    trainer = Trainer(nn.Linear(8, 4), config=config)
+    trainer.fit(make_loader((x, y), 16), resume=True)
+    return trainer
+
+
+@pytest.mark.parametrize("saved_under", ["bf16-mixed", "32-true"])
+def test_a_checkpoint_without_scaler_state_resumed_under_fp16_keeps_a_fresh_scaler(
+        tmp_path: Path, trainfast_log: pytest.LogCaptureFixture, saved_under: str) -> None:
+    train(tmp_path, epochs=1, precision=saved_under)
+    assert torch.load(tmp_path / "last.pt", weights_only=True)["scaler"]["scaler"] == {}  # a disabled GradScaler's
+    trainfast_log.clear()
+    resumed = train(tmp_path, epochs=2, precision="16-mixed", scaler=ScalerConfig(init_scale=1024.0))
+    assert resumed.scaler.enabled and resumed.epoch == 2 and resumed.step == 8
+    notes = [r.getMessage() for r in trainfast_log.records if "loss scaler" in r.getMessage()]
+    assert len(notes) == 1 and str(tmp_path / "last.pt") in notes[0] and "fresh" in notes[0], notes
+    assert trainfast_log.records[[r.getMessage() for r in trainfast_log.records].index(notes[0])].levelno == \
+        logging.INFO
+    saved = torch.load(tmp_path / "last.pt", weights_only=True)["scaler"]["scaler"]
+    assert saved["scale"] > 0  # the fp16 run's own scaler state is saved from now on
+
+
+@pytest.mark.parametrize("resumed_under", ["bf16-mixed", "32-true"])
+def test_an_fp16_checkpoint_resumed_without_loss_scaling_ignores_the_saved_scale(
+        tmp_path: Path, resumed_under: str) -> None:
+    train(tmp_path, epochs=1, precision="16-mixed", scaler=ScalerConfig(init_scale=1024.0))
+    assert torch.load(tmp_path / "last.pt", weights_only=True)["scaler"]["scaler"]["scale"] > 0
+    resumed = train(tmp_path, epochs=2, precision=resumed_under)
+    assert not resumed.scaler.enabled and resumed.epoch == 2 and resumed.step == 8
+    assert resumed.scaler.loss_scale == 1.0
