@@ -12,10 +12,15 @@ What is patched, and why each is cheap enough (one `perf_counter` pair or a coun
   torch's global module hooks: those cost ~2.4 us per submodule call here and make `torch.compile` warn and
   recompile when they are removed.
 - `Tensor.item` / `tolist` / `__float__` / `__int__`: counted and timed, they are host syncs on a GPU.
-- `Tensor.to` / `Tensor.cuda` (only where CUDA exists): host time blocked in host-to-device copies.
+- `Tensor.to` / `Tensor.cuda` (only where CUDA exists): host time blocked in host-to-device copies and, in the
+  measured steps, CUDA events around each copy (devicetime.py): the copy's own time, read at report time.
 - `autocast.__enter__`, `GradScaler.step`, JPEG `load()` in this process: what the script uses (mixed
   precision? skipped steps? decoding full-size images?) for the recommendations; compilation is read from
-  torch._dynamo's counters instead of patching `torch.compile`, which other libraries wrap themselves.
+  torch._dynamo's counters instead of patching `torch.compile`, which other libraries wrap themselves, as
+  differences between snapshots (instrumentation start, warm-up end, measured steps' end): what the process
+  compiled before, another model or an earlier run, is not this loop's.
+The model's device is taken from its parameters at its first training forward and at the first optimizer step
+(the last word), or meanwhile from a batch or copy on a CUDA device: CUDA events go there, and nowhere before.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader, TensorDataset
 
+from trainfast.diagnose.devicetime import DeviceTimer
 from trainfast.diagnose.evidence import LoaderStats
 from trainfast.diagnose.models import batch_axis, root_modules
 from trainfast.diagnose.timeline import Timeline
@@ -45,14 +51,20 @@ from trainfast.samples import batch_samples, first_leaf
 class Observations:
     """What the script was seen to use, read when the report is made."""
 
-    device: str | None = None
+    device: str | None = None  # the model's device type: "cpu", "cuda", ...
+    device_index: int | None = None  # torch's index of the model's CUDA device
+    compiled_model: bool = False  # the model called in training is a torch.compile OptimizedModule
     parameters: int = 0
     conv_weights: int = 0
     conv_weights_channels_last: int = 0
     autocast: set[tuple[str, str]] = field(default_factory=set)  # (device, dtype) entered and enabled
     scaler_steps: int = 0
     scaler_found_inf: dict[str, torch.Tensor] = field(default_factory=dict)  # per device, summed on it
+    # torch._dynamo's counters when instrumentation started, when the warm-up ended and when the measured steps
+    # ended (empty: not taken yet)
+    dynamo_at_start: dict[str, int] = field(default_factory=dict)
     dynamo_at_warmup: dict[str, int] = field(default_factory=dict)
+    dynamo_at_end: dict[str, int] = field(default_factory=dict)
     jpeg_decoded_pixels: list[int] = field(default_factory=list)
     syncs: int = 0
     threads: int = 0  # torch intra-op threads when training started
@@ -70,6 +82,26 @@ def dynamo_counts() -> dict[str, int]:
     from torch._dynamo.utils import counters
 
     return {"frames": int(counters["frames"].get("ok", 0)), "graph_breaks": int(sum(counters["graph_break"].values()))}
+
+
+def _to_destination(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:
+    """The device of `Tensor.to(*args, **kwargs)` (None: it keeps the tensor's), parsed as torch parses it."""
+    try:
+        device: torch.device | None = torch._C._nn._parse_to(*args, **kwargs)[0]
+    except (TypeError, RuntimeError):  # a bad call: the real `to` raises it
+        return None
+    return device
+
+
+def _cuda_destination(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:
+    """The device of `Tensor.cuda(device=None, ...)`: the current CUDA device unless one is named."""
+    device = args[0] if args else kwargs.get("device")
+    if device is None:
+        return torch.device("cuda")
+    try:
+        return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except (TypeError, RuntimeError):
+        return None
 
 
 def _batch_info(batch: Any) -> tuple[int, tuple[int, int] | None]:
@@ -90,41 +122,6 @@ def _batch_info(batch: Any) -> tuple[int, tuple[int, int] | None]:
     first = first_leaf(batch)
     hw = (int(first.shape[-2]), int(first.shape[-1])) if first is not None and first.ndim == 4 else None
     return sum(t.numel() * t.element_size() for t in tensors), hw
-
-
-class DeviceEvents:
-    """CUDA events recorded when a step's first input arrives and each time its work ends (an optimizer step,
-    a backward); the last such pair of a step is kept when the step closes.
-
-    The device time between them is the step's work on the GPU (plus any gaps inside the step); read once,
-    at report time, after one synchronize. Recording an event costs a few microseconds and never syncs.
-    """
-
-    def __init__(self, make_event: Callable[[], Any] | None = None) -> None:
-        self._make = make_event or (lambda: torch.cuda.Event(enable_timing=True))
-        self._start: Any = None
-        self._end: Any = None
-        self.pairs: list[tuple[Any, Any]] = []
-
-    def batch_ready(self) -> None:
-        if self._start is None:
-            self._start = self._make()
-            self._start.record()
-
-    def work_done(self) -> None:
-        if self._start is not None:
-            self._end = self._make()
-            self._end.record()
-
-    def step_closed(self, measured: bool) -> None:
-        if measured and self._start is not None and self._end is not None:
-            self.pairs.append((self._start, self._end))
-        self._start = self._end = None
-
-    def device_seconds(self) -> list[float]:
-        if self.pairs:
-            torch.cuda.synchronize()
-        return [start.elapsed_time(end) / 1000 for start, end in self.pairs]
 
 
 class _TimedIterator:
@@ -161,8 +158,10 @@ class _TimedIterator:
             inst.timeline.evaluation_fetch()
             return batch
         inst.timeline.fetched(asked, got, batch_samples(batch, stats.batch_size or 0))
-        if inst.device_events is not None:
-            inst.device_events.batch_ready()
+        if not inst.device_timer.settled:
+            inst.saw_batch(batch)
+        if inst.events is not None and inst.timeline.in_measured_step:
+            inst.events.batch_ready()
         return batch
 
     def __len__(self) -> int:
@@ -202,15 +201,18 @@ class Instrumentation:
     """Install the hooks on entry, remove every one on exit (also when the script raises)."""
 
     def __init__(self, timeline: Timeline, *, time_transfers: bool | None = None,
-                 on_loader: Callable[[Any], None] | None = None, device_events: DeviceEvents | None = None) -> None:
+                 on_loader: Callable[[Any], None] | None = None, device_timer: DeviceTimer | None = None) -> None:
         self.timeline = timeline
         self.on_loader = on_loader  # called before each iter() of a loader: the pre-flight checks
         self.fetching = False  # inside a timed loader's next()
         self.optimizer_stepped = 0  # optimizer steps seen by the hook (a GradScaler's skipped step is not one)
         timeline.on_close = self._step_closed
         self.time_transfers = torch.cuda.is_available() if time_transfers is None else time_transfers
-        # GPU time per step from CUDA events, where there is a GPU
-        self.device_events = device_events or (DeviceEvents() if torch.cuda.is_available() else None)
+        # CUDA events on the model's device; `events` is the timer once that device is known to be a CUDA one
+        # (None before and on the CPU: the hot paths test it and skip)
+        self.device_timer = device_timer or DeviceTimer()
+        self.events: DeviceTimer | None = None
+        self._described = False  # the first optimizer step described the model
         self.loaders: list[LoaderStats] = []
         self.observed = Observations()
         self._by_loader: dict[int, LoaderStats] = {}
@@ -246,6 +248,8 @@ class Instrumentation:
         while self._undo:
             self._undo.pop()()
         self.timeline.finish()  # the last step, waiting for an iteration that will not come
+        if not self.observed.dynamo_at_end:  # the measured steps ended with the run (no step limit, or too few)
+            self.observed.dynamo_at_end = dynamo_counts()
         self._keep_alive.clear()  # torch may keep our hooks (and so self) alive: never the script's loaders
 
     def stats_for(self, loader: Any) -> LoaderStats:
@@ -278,13 +282,13 @@ class Instrumentation:
 
         def on_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             self.optimizer_stepped += 1
-            if observed.device is None:
+            if not self._described:
                 self._describe_model(optimizer)
             if self.scanning:
                 self.discover("optimizer step")
             timeline.optimizer_step(optimizer)
-            if self.device_events is not None:
-                self.device_events.work_done()
+            if self.events is not None:
+                self.events.work_done()
 
         handle = register_optimizer_step_post_hook(on_step)
         self._undo.append(handle.remove)
@@ -296,8 +300,8 @@ class Instrumentation:
             if self.scanning:
                 self.discover("backward")
             timeline.backward()
-            if self.device_events is not None:
-                self.device_events.work_done()
+            if self.events is not None:
+                self.events.work_done()
             return out
         self._patch(torch.autograd, "backward", counted_backward)
         for mode in (torch.no_grad, torch.inference_mode):  # a loop that only evaluates still finds its model
@@ -308,14 +312,15 @@ class Instrumentation:
                     self.discover("no_grad")  # (nn.init's no_grad, mid-construction, is not a trigger)
                 return _enter(ctx)
             self._patch(mode, "__enter__", entered)
+        observed.dynamo_at_start = dynamo_counts()
         if timeline.warmup_steps == 0:
-            observed.dynamo_at_warmup = dynamo_counts()
+            observed.dynamo_at_warmup = observed.dynamo_at_start
 
         for name in ("item", "tolist", "__float__", "__int__"):
             self._patch(torch.Tensor, name, self._counting_sync(getattr(torch.Tensor, name)))
         if self.time_transfers:
-            for name in ("to", "cuda"):
-                self._patch(torch.Tensor, name, self._timed_copy(getattr(torch.Tensor, name)))
+            for name, destination in (("to", _to_destination), ("cuda", _cuda_destination)):
+                self._patch(torch.Tensor, name, self._timed_copy(getattr(torch.Tensor, name), destination))
         self._observe_precision_and_compile()
 
     def end_step(self) -> None:
@@ -324,19 +329,50 @@ class Instrumentation:
         self.timeline.step_end()
 
     def _work_done(self) -> None:
-        if self.device_events is not None:
-            self.device_events.work_done()
+        if self.events is not None:
+            self.events.work_done()
 
     def _step_closed(self, measured: bool) -> None:
         """The timeline closed a step: keep the compile counters and CUDA events in step with it."""
-        if not self.observed.dynamo_at_warmup and self.timeline.measuring:
-            self.observed.dynamo_at_warmup = dynamo_counts()
+        observed, timeline = self.observed, self.timeline
+        if not observed.dynamo_at_warmup and timeline.measuring:
+            observed.dynamo_at_warmup = dynamo_counts()
+        if measured and not observed.dynamo_at_end and timeline.phases[0].done:
+            observed.dynamo_at_end = dynamo_counts()
         if self.scanning:
             self.discover("step")
-        if self.device_events is not None:
-            self.device_events.step_closed(measured)
-        elif not self.scanning and self.observed.dynamo_at_warmup:
-            self.timeline.on_close = None  # nothing left to do per step: save the call (~0.5 us)
+        if self.events is not None:
+            self.events.step_closed(measured)
+        elif (not self.scanning and observed.dynamo_at_warmup and self.device_timer.settled
+              and (observed.dynamo_at_end or timeline.max_steps is None)):  # (no step limit: __exit__ takes it)
+            timeline.on_close = None  # nothing left to do per step: save the call (~0.5 us)
+
+    # ---- the model's device
+    def _model_on(self, device: torch.device) -> None:
+        observed = self.observed
+        observed.device = device.type
+        observed.device_index = device.index if device.type == "cuda" else None
+        self.device_timer.saw_model(device)
+        self.events = self.device_timer if self.device_timer.device is not None else None
+
+    def _saw_model(self, module: nn.Module) -> None:
+        """The model's first training forward: where its parameters are, and whether it is compiled."""
+        param = next(module.parameters(), None)
+        if param is not None:
+            self.observed.compiled_model = type(module).__name__ == "OptimizedModule"  # without importing dynamo
+            self._model_on(param.device)
+
+    def _saw_tensor(self, device: torch.device) -> None:
+        self.device_timer.saw_tensor(device)
+        if self.observed.device is None and self.device_timer.device is not None:
+            self.observed.device, self.observed.device_index = "cuda", self.device_timer.device.index
+        self.events = self.device_timer if self.device_timer.device is not None else None
+
+    def saw_batch(self, batch: Any) -> None:
+        """A training batch before the model was seen: a loader that yields CUDA tensors is CUDA work."""
+        leaf = first_leaf(batch)
+        if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda":  # (numpy arrays live on the host)
+            self._saw_tensor(leaf.device)
 
     def discover(self, trigger: str) -> None:
         """Hook the root modules at the first batch, backward, optimizer step, sync or `no_grad()` block, and
@@ -384,13 +420,15 @@ class Instrumentation:
         if not torch.is_grad_enabled():  # an evaluation pass
             timeline.evaluation_forward()
             return
+        if not self.device_timer.settled:
+            self._saw_model(module)
         if timeline.loader_fed:  # batches come from a loader: its fetches start iterations and count samples
             timeline.forwards += 1
             timeline.training_forwards += 1
             return
         timeline.forward(perf_counter(), self._input_samples(module, args, kwargs))
-        if self.device_events is not None:
-            self.device_events.batch_ready()
+        if self.events is not None and timeline.in_measured_step:
+            self.events.batch_ready()
 
     def _input_samples(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
         first = args[0] if args else None
@@ -419,16 +457,27 @@ class Instrumentation:
             return out
         return counted
 
-    def _timed_copy(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        timeline = self.timeline
+    def _timed_copy(self, original: Callable[..., Any],
+                    destination: Callable[[tuple[Any, ...], dict[str, Any]], torch.device | None]
+                    ) -> Callable[..., Any]:
+        """Host time blocked in each host-to-device copy and, in the measured steps, CUDA events around it on the
+        destination's current stream (its own device time: the host time includes waiting for queued kernels)."""
+        timeline, timer = self.timeline, self.device_timer
 
         def timed(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            if tensor.device.type != "cpu":
+            if self.fetching or tensor.device.type != "cpu":  # inside a loader's next(): data wait already
                 return original(tensor, *args, **kwargs)
-            started = time.perf_counter()
+            events = None
+            if timeline.in_measured_step:
+                device = destination(args, kwargs)
+                if device is not None and device.type == "cuda":
+                    events = timer.copy_started(device)
+            started = perf_counter()
             out = original(tensor, *args, **kwargs)
             if isinstance(out, torch.Tensor) and out.device.type == "cuda":
-                timeline.transferred(time.perf_counter() - started)
+                timeline.transferred(perf_counter() - started, None if events is None else timer.copy_ended(events))
+                if not timer.settled:
+                    self._saw_tensor(out.device)
             return out
         return timed
 
@@ -476,7 +525,8 @@ class Instrumentation:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         if not params:
             return
-        observed.device = params[0].device.type
+        self._described = True
+        self._model_on(params[0].device)
         observed.threads = torch.get_num_threads()
         observed.parameters = sum(p.numel() for p in params)
         convs = [p for p in params if p.dim() == 4 and math.prod(p.shape[2:]) > 1]

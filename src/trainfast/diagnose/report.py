@@ -14,11 +14,12 @@ from rich.table import Table
 
 from trainfast.diagnose.classify import Fractions, Verdict, classify, max_speedups, share_interval
 from trainfast.diagnose.evidence import Evidence, LoaderStats
-from trainfast.diagnose.instrument import Instrumentation, dynamo_counts
+from trainfast.diagnose.instrument import Instrumentation, Observations, dynamo_counts
 from trainfast.diagnose.recommend import Recommendation, num_workers, recommend
 from trainfast.diagnose.timeline import StepRecord, Timeline
 from trainfast.loader.cpus import available_cpus
 from trainfast.monitor import percentile, sustained_growth_per_minute
+from trainfast.monitor.analysis import window_mean
 
 
 @dataclass
@@ -126,11 +127,10 @@ def _evidence(timeline: Timeline, instrumentation: Instrumentation, records: lis
     fractions = Fractions.of(total_s=total, wait_s=sum(r.wait_s for r in records),
                              transfer_s=sum(r.transfer_s for r in records), host_s=sum(r.host_s for r in records))
     samples = sum(r.samples for r in records)
-    device = observed.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = _device(observed)
     waits = [r.wait_s for r in records]
     mean_wait = statistics.fmean(waits) if waits else 0.0
-    dynamo = dynamo_counts()
-    at_warmup = observed.dynamo_at_warmup or {"frames": dynamo["frames"], "graph_breaks": 0}
+    compiled, recompiled, breaks = _compile_counts(observed)
     skipped = observed.scaler_skipped() if final else 0
     decoded = float(statistics.median(observed.jpeg_decoded_pixels)) if observed.jpeg_decoded_pixels else None
     return Evidence(
@@ -141,15 +141,39 @@ def _evidence(timeline: Timeline, instrumentation: Instrumentation, records: lis
         threads=observed.threads or torch.get_num_threads(), loaders=tuple(instrumentation.loaders),
         shm_bytes=(env or {}).get("shm_bytes"), autocast=tuple(sorted(observed.autocast)),
         scaler_skip_fraction=skipped / observed.scaler_steps if observed.scaler_steps else None,
-        bf16_supported=device == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False),
-        compiled=dynamo["frames"] > 0, recompiled_frames=max(0, dynamo["frames"] - at_warmup["frames"]),
-        graph_breaks=dynamo["graph_breaks"], conv_weights=observed.conv_weights,
+        bf16_supported=_bf16_native(device, observed.device_index),
+        compiled=compiled, recompiled_frames=recompiled, graph_breaks=breaks, conv_weights=observed.conv_weights,
         conv_weights_channels_last=observed.conv_weights_channels_last,
         cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
-        gpu_memory_fraction=_gpu_memory_fraction(device) if final else None, jpeg_decoded_pixels=decoded,
+        gpu_memory_fraction=_gpu_memory_fraction(device, observed.device_index) if final else None,
+        jpeg_decoded_pixels=decoded,
         wait_spike_ratio=_percentile(waits, 0.95) / mean_wait if mean_wait > 0 else None,
         worker_rss_growth_per_min=_worker_rss_growth(monitor, timeline.measure_started_monotonic),
         loader_headroom=loader_headroom, thread_probe=thread_probe, input_source=timeline.input_source)
+
+
+def _device(observed: Observations) -> str:
+    """The model's device type; without a model seen, "cuda" only if the process did CUDA work (asking the
+    device anything on a CPU-only run would create a CUDA context)."""
+    return observed.device or ("cuda" if torch.cuda.is_initialized() else "cpu")
+
+
+def _compile_counts(observed: Observations) -> tuple[bool, int, int]:
+    """(compiled, frames recompiled, graph breaks) of this run: torch._dynamo's counters are process-wide, so
+    the loop compiled if frames were compiled since instrumentation started (or its model is compiled, cached
+    from before); recompiles are what the measured steps added (warm-up end to their end), graph breaks what
+    this loop's compilation found (a break, usually found in warm-up, costs eager time at every step)."""
+    now = dynamo_counts()
+    start = observed.dynamo_at_start or now
+    warm, end = observed.dynamo_at_warmup or now, observed.dynamo_at_end or now
+    compiled = observed.compiled_model or now["frames"] > start["frames"]
+    return (compiled, max(0, end["frames"] - warm["frames"]), max(0, end["graph_breaks"] - start["graph_breaks"]))
+
+
+def _bf16_native(device: str, index: int | None) -> bool:
+    """bf16 runs natively on the model's GPU (compute capability 8.0, Ampere, and later); the current device
+    may be another one."""
+    return device == "cuda" and torch.cuda.get_device_capability(index) >= (8, 0)
 
 
 def thread_probe(timeline: Timeline, instrumentation: Instrumentation) -> Callable[[str], None]:
@@ -183,13 +207,15 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
                  loader_headroom: float | None = None, notes: list[str] | None = None) -> Report:
     """Turn what the hooks recorded into fractions, a verdict and ranked fixes (the only device sync)."""
     timeline.finish()
-    records = list(timeline.records)
     observed = instrumentation.observed
-    notes = list(notes or [])
-    device = observed.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = _device(observed)
     if device == "cuda":
-        torch.cuda.synchronize()
-    gpu_util = _gpu_util(monitor)
+        torch.cuda.synchronize(observed.device_index)
+    # the copies' own device time replaces the host time they blocked (which includes waiting for queued kernels)
+    timeline.correct_transfers(instrumentation.device_timer.seconds)
+    records = list(timeline.records)
+    notes = list(notes or [])
+    gpu_util, gpu_util_devices = _gpu_util(monitor, timeline, observed.device_index if device == "cuda" else None)
     device_busy = _device_busy(instrumentation, records)
     if gpu_util is None and device_busy is not None:  # without NVML, CUDA events say how busy the GPU was
         gpu_util = 100 * device_busy
@@ -203,14 +229,15 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
     if verdict is not None:
         evidence = replace(evidence, verdict=verdict.name)
     observed_json = {
-        "device": device, "threads": observed.threads, "parameters": observed.parameters,
-        "autocast": sorted(observed.autocast), "compiled": evidence.compiled,
+        "device": device, "device_index": observed.device_index, "threads": observed.threads,
+        "parameters": observed.parameters, "autocast": sorted(observed.autocast), "compiled": evidence.compiled,
         "recompiled_frames": evidence.recompiled_frames, "graph_breaks": evidence.graph_breaks,
         "scaler_steps": observed.scaler_steps,
         "scaler_skipped_steps": round((evidence.scaler_skip_fraction or 0) * observed.scaler_steps),
         "syncs_per_step": evidence.syncs_per_step, "conv_weights": observed.conv_weights,
         "conv_weights_channels_last": observed.conv_weights_channels_last,
-        "cudnn_benchmark": evidence.cudnn_benchmark, "gpu_util_mean": gpu_util, "device_busy_fraction": device_busy,
+        "cudnn_benchmark": evidence.cudnn_benchmark, "gpu_util_mean": gpu_util,
+        "gpu_util_devices": gpu_util_devices, "device_busy_fraction": device_busy,
         "jpeg_decoded_pixels_median": evidence.jpeg_decoded_pixels,
         "thread_probe": {"threads": probe[0], "compute_slowdown": probe[1]} if probe else None,
     }
@@ -289,19 +316,40 @@ def _noise_notes(spread: dict[str, float] | None, contention: dict[str, Any] | N
     return notes
 
 
-def _gpu_util(monitor: Any) -> float | None:
-    if monitor is None:
-        return None
-    utils = [s.mean for name, s in monitor.summary().items() if name.startswith("gpu") and name.endswith(".util")]
-    return statistics.fmean(utils) if utils else None
+def _gpu_util(monitor: Any, timeline: Timeline, model_index: int | None) -> tuple[float | None, list[str]]:
+    """Mean NVML utilisation (%) of the GPUs this process uses, over the measured steps only, and their NVML names.
+
+    Another GPU of the node, busy or idle, says nothing about this run, nor does the start-up before the
+    measured steps (data set indexing, compilation): averaged in, they make a busy GPU look idle, a false
+    host-bound verdict. The GPUs used: the model's, and any other this process held tensors on while
+    measuring. None when no sample fell in the window or a GPU cannot be matched to NVML's (torch and NVML
+    number GPUs differently; see monitor/sources.py)."""
+    nvml_index = getattr(monitor, "nvml_index", None)
+    since = _since_start(monitor, timeline.measure_started_monotonic)
+    until = _since_start(monitor, timeline.measure_ended_monotonic)
+    if model_index is None or nvml_index is None or since is None or until is None:
+        return None, []
+
+    def mean(metric: str) -> float | None:
+        times, values = monitor.series(metric)
+        return window_mean(times, values, since, until)
+    metrics = set(monitor.metrics())
+    used = {model_index} | {int(m[4:].removesuffix(".allocated_bytes")) for m in metrics
+                            if m.startswith("cuda") and m.endswith(".allocated_bytes") and (mean(m) or 0) > 0}
+    found = [nvml_index(index) for index in sorted(used)]
+    if None in found:
+        return None, []
+    names = [f"gpu{i}" for i in found]
+    known = [m for m in (mean(f"{n}.util") for n in names if f"{n}.util" in metrics) if m is not None]
+    return (statistics.fmean(known) if known else None), names
 
 
 def _device_busy(instrumentation: Instrumentation, records: list[StepRecord]) -> float | None:
     """Share of the measured steps' wall time the GPU spent on their work (CUDA events; None without them)."""
-    events = instrumentation.device_events
-    if events is None or not events.pairs or not records:
+    events = instrumentation.device_timer
+    if not events.pairs or not records:
         return None
-    device_s = events.device_seconds()
+    device_s = events.step_seconds()
     host_s = sum(r.total_s for r in records[-len(device_s):])
     return min(1.0, sum(device_s) / host_s) if host_s > 0 else None
 
@@ -324,11 +372,12 @@ def _worker_rss_growth(monitor: Any, measuring_from: float | None) -> float | No
     return sustained_growth_per_minute(times, values, counts, since=since)
 
 
-def _gpu_memory_fraction(device: str) -> float | None:
+def _gpu_memory_fraction(device: str, index: int | None) -> float | None:
+    """Peak memory allocated on the model's GPU (None: the current one) over its total."""
     if device != "cuda":
         return None
-    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    return torch.cuda.max_memory_allocated() / total if total else None
+    total = torch.cuda.get_device_properties(index).total_memory
+    return torch.cuda.max_memory_allocated(index) / total if total else None
 
 
 def _monitor_json(monitor: Any) -> dict[str, Any]:

@@ -15,7 +15,11 @@ in the same iteration can still join it.
 The parts of a step:
 - data wait: time blocked in a loader's `next()`; without any loader, the time from the end of one step to
   the model's first forward (input preparation in the script: slicing a memmap, tokenising);
-- transfer: time blocked in host-to-device copies (`.to("cuda")`, `.cuda()`) the script makes;
+- transfer: time blocked in host-to-device copies (`.to("cuda")`, `.cuda()`) the script makes. A copy timed on
+  the device too (`transferred(..., copy=...)`, CUDA events) counts only up to its own device time once
+  `correct_transfers` has read the events: a blocking copy first waits for the kernels queued before it, and
+  that wait is compute. A copy before the step's input (a loop without a loader moving its batch) is not data
+  wait either;
 - host: with a loader, the gap between the end of one step and the next batch request (logging, metrics,
   checkpoints), less the time spent waiting for the device in syncs such as `.item()`;
 - compute: the rest (forward, backward, optimizer step, device waits).
@@ -32,6 +36,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 MEASURE = "measure"
 # No-grad forwards before a step's first training forward that make it span an evaluation pass.
@@ -70,6 +75,8 @@ class _Step:
     wait: float = 0.0
     transfer: float = 0.0
     gap_sync_wait: float = 0.0  # syncs before the step's first input: waiting for the device, not host work
+    gap_transfer: float = 0.0  # copies before the step's first input: transfer (and device wait), not input
+    copies: list[tuple[Any, float]] | None = None  # (device timing, host seconds blocked) of each timed copy
     samples: int = 0  # from loader batches
     forward_samples: int = 0  # from the model's input, once per backward pass (loops without a loader)
     syncs: int = 0
@@ -86,6 +93,8 @@ class _Step:
         """A later part of the same iteration (a second optimizer's step) joins this one."""
         self.wait += later.wait
         self.transfer += later.transfer
+        if later.copies:
+            self.copies = (self.copies or []) + later.copies
         self.samples += later.samples
         self.forward_samples += later.forward_samples
         self.syncs += later.syncs
@@ -99,6 +108,7 @@ class _Phase:
     warmup: int
     steps: int | None
     rows: list[tuple[float, float, float, float, float, int, int]] = field(default_factory=list)
+    copies: dict[int, list[tuple[Any, float]]] = field(default_factory=dict)  # row index -> its device-timed copies
     seen: int = 0
 
     @property
@@ -122,6 +132,8 @@ class Timeline:
         self.stop_when_done = False  # set by the zero-code runner: raise StopMeasuring when all phases are done
         self.deadline: float | None = None  # perf_counter time after which the next step boundary stops the run
         self.measure_started_monotonic: float | None = None  # time.monotonic() when measuring began (monitor's clock)
+        self.measure_ended_monotonic: float | None = None  # time.monotonic() at the end of the last measured step
+        self._to_monotonic = time.monotonic() - self.started  # perf_counter -> monotonic: the monitor's clock
         self.on_phase_end: Callable[[str], None] | None = None
         self.on_close: Callable[[bool], None] | None = None  # after each step closes: was it a measured one?
         self.phases = [_Phase(MEASURE, warmup_steps, max_steps)]
@@ -187,6 +199,7 @@ class Timeline:
             if self.signal == "backward":  # what looked like steps were micro-batches: measure afresh
                 for phase in self.phases:
                     phase.rows.clear()
+                    phase.copies.clear()
                     phase.seen = 0
                 self.steps_seen = self.evaluation_steps = 0
                 if self._pending is not None:  # the micro-batches since the last one closed join this step
@@ -202,8 +215,16 @@ class Timeline:
         self._cur.optimizers += (key,)
         self._complete(now)
 
-    def transferred(self, seconds: float) -> None:
-        self._cur.transfer += seconds
+    def transferred(self, seconds: float, copy: Any = None) -> None:
+        """A host-to-device copy blocked the host `seconds`; `copy`: its device timing (CUDA events), if any."""
+        cur = self._cur
+        cur.transfer += seconds
+        if copy is not None:
+            if cur.copies is None:
+                cur.copies = []
+            cur.copies.append((copy, seconds))
+        if cur.first_ask is None and cur.first_forward is None:  # before the step's input: not input preparation
+            cur.gap_transfer += seconds
 
     def synced(self, seconds: float) -> None:
         cur = self._cur
@@ -286,14 +307,33 @@ class Timeline:
             self.evaluation_steps += 1
             return False
         first_input = step.first_ask if step.first_ask is not None else step.first_forward
-        gap = max(0.0, first_input - step.start - step.gap_sync_wait) if first_input is not None else 0.0
+        gap = (max(0.0, first_input - step.start - step.gap_sync_wait - step.gap_transfer)
+               if first_input is not None else 0.0)
         # Without a loader, the time before the model's first forward is input preparation (data wait).
         wait, host = (step.wait, gap) if step.first_ask is not None or self.loader_fed else (step.wait + gap, 0.0)
+        if step.copies:
+            phase.copies[len(phase.rows)] = step.copies
         phase.rows.append((step.end - self.started, step.end - step.start, wait, step.transfer, host,
                            step.samples or step.forward_samples, step.syncs))
+        if phase.name == MEASURE:
+            self.measure_ended_monotonic = step.end + self._to_monotonic
         return True
 
     # ---- read when reporting
+    def correct_transfers(self, device_seconds: Callable[[Any], float]) -> None:
+        """Re-book the measured steps' device-timed copies: each counts the host time it blocked only up to its
+        own device time, `device_seconds(copy)`; the rest was the device finishing the kernels queued before it
+        (a blocking copy from pageable memory waits for them all), which stays in the step as compute. Once all
+        copies are read (after the device has synchronised); a second call changes nothing."""
+        for phase in self.phases:
+            for index, copies in phase.copies.items():
+                end_s, total, wait, transfer, host, samples, syncs = phase.rows[index]
+                for copy, blocked in copies:
+                    transfer -= blocked - min(blocked, device_seconds(copy))
+                transfer = min(max(0.0, transfer), max(0.0, total - wait - host))
+                phase.rows[index] = (end_s, total, wait, transfer, host, samples, syncs)
+            phase.copies.clear()
+
     def add_phase(self, name: str, *, warmup: int, steps: int) -> None:
         self.phases.append(_Phase(name, warmup, steps))
         if self._phase is None or self._phase.done:
@@ -315,6 +355,14 @@ class Timeline:
         """The warm-up is over and the measured steps are not all taken yet."""
         phase = self.phases[0]
         return phase.seen >= phase.warmup and not phase.done
+
+    @property
+    def in_measured_step(self) -> bool:
+        """The step in progress will be a measured one (a step completed but not yet closed comes before it):
+        what a hook that costs more than a float add (CUDA events) asks. One step early for loops that end steps
+        at a backward, whose work after it joins the step before."""
+        phase = self.phases[0]
+        return phase.seen + (self._pending is not None) >= phase.warmup and not phase.done
 
     @property
     def input_source(self) -> str | None:

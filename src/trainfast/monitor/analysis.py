@@ -1,4 +1,5 @@
-"""Pure functions over sampled series: percentiles, summary `Stats`, the GPU saw-tooth and RSS growth.
+"""Pure functions over sampled series: percentiles, summary `Stats`, a window's mean, the GPU saw-tooth and RSS
+growth.
 
 Kept free of threads and I/O so each can be tested from a table of plain lists.
 """
@@ -46,6 +47,17 @@ def stats(values: Sequence[float]) -> Stats:
         raise ValueError("stats of no values: need at least one")
     return Stats(mean=math.fsum(values) / len(values), p5=percentile(values, 5), p95=percentile(values, 95),
                  minimum=min(values), maximum=max(values), last=values[-1], n=len(values))
+
+
+def window_mean(times: Sequence[float], values: Sequence[float], since: float, until: float) -> float | None:
+    """Mean of the values sampled from `since` to `until` (inclusive, the same clock as `times`); None if none.
+
+    Used on GPU utilisation over the doctor's measured steps: samples taken during start-up (data set indexing,
+    compilation) show an idle GPU that says nothing about the training step."""
+    if len(times) != len(values):
+        raise ValueError(f"times and values must have the same length, got {len(times)} and {len(values)}")
+    inside = [v for t, v in zip(times, values, strict=True) if since <= t <= until]
+    return math.fsum(inside) / len(inside) if inside else None
 
 
 def detect_sawtooth(values: Sequence[float], low: float = 30.0, high: float = 70.0, min_cycles: int = 3,

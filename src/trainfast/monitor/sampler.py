@@ -24,7 +24,7 @@ from contextlib import suppress
 from types import TracebackType
 
 from trainfast.monitor.analysis import Stats, detect_sawtooth, stats
-from trainfast.monitor.sources import NvmlSource, PsutilSource, Source, TorchCudaSource
+from trainfast.monitor.sources import NvmlSource, PsutilSource, Source, TorchCudaSource, cuda_identity
 
 log = logging.getLogger("trainfast")
 
@@ -64,9 +64,12 @@ class Monitor:
         self.unavailable: dict[str, str] = {}
         self.errors: dict[str, str] = {}
         self._sources: list[Source] = []
+        self._nvml: NvmlSource | None = None  # kept when disabled: its GPU identities name the gpu{i} series
         for source in default_sources() if sources is None else sources:
             if source.available:
                 self._sources.append(source)
+                if isinstance(source, NvmlSource) and self._nvml is None:
+                    self._nvml = source
             else:
                 self.unavailable[source.name] = getattr(source, "unavailable_reason", None) or "unavailable"
                 with suppress(Exception):
@@ -189,6 +192,13 @@ class Monitor:
     def summary(self) -> dict[str, Stats]:
         """`Stats` of every metric over the buffered samples, by metric name (sorted)."""
         return {metric: stats(values) for metric, (_, values) in sorted(self._by_metric().items())}
+
+    def nvml_index(self, cuda_index: int) -> int | None:
+        """The NVML index `j` (metrics `gpu{j}.*`) of torch's `cuda:{cuda_index}`, matched by UUID or PCI
+        location (CUDA_VISIBLE_DEVICES and CUDA's own ordering renumber GPUs); None without NVML, before this
+        process initialised CUDA, or when no GPU matches."""
+        identity = cuda_identity(cuda_index) if self._nvml is not None else None
+        return None if identity is None or self._nvml is None else self._nvml.index_of(identity)
 
     def gpu_sawtooth(self) -> dict[str, bool]:
         """For each `gpu{i}.util`: does it swing between idle and busy (an input-bound run)?"""

@@ -6,7 +6,8 @@ in the name where they are not a percentage. A source that cannot work on this m
 container and an 8-GPU node alike never fails to start.
 
 Indices: `gpu{i}` is NVML's index (every GPU on the host, PCI order, ignoring CUDA_VISIBLE_DEVICES);
-`cuda{i}` is torch's index (only the visible GPUs, in CUDA's order). They can name different GPUs.
+`cuda{i}` is torch's index (only the visible GPUs, in CUDA's order). They can name different GPUs: match them
+by identity (`cuda_identity`, `NvmlSource.index_of`), never by number.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import psutil
 import torch
@@ -141,6 +142,41 @@ class PsutilSource:
         self._children.clear()
 
 
+class GpuIdentity(NamedTuple):
+    """What names one physical GPU the same way in torch and in NVML."""
+
+    uuid: str | None  # lower case, without NVML's "GPU-" prefix
+    pci: tuple[int, int, int] | None  # (domain, bus, device)
+
+
+def _uuid(text: str) -> str:
+    text = text.strip().lower()
+    return text.removeprefix("gpu-")
+
+
+def cuda_identity(index: int) -> GpuIdentity | None:
+    """The identity of torch's `cuda:{index}`; None until the process has initialised CUDA itself (reading
+    device properties must not be what does it)."""
+    if not torch.cuda.is_initialized():
+        return None
+    props = torch.cuda.get_device_properties(index)
+    uuid = getattr(props, "uuid", None)
+    pci = tuple(getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device"))
+    return GpuIdentity(None if uuid is None else _uuid(str(uuid)),
+                       None if None in pci else (int(pci[0]), int(pci[1]), int(pci[2])))  # type: ignore[arg-type]
+
+
+def _nvml_identity(nvml: Any, handle: Any) -> GpuIdentity:
+    uuid = pci = None
+    with suppress(Exception):  # an identity is optional: without it this GPU is simply never matched
+        raw = nvml.nvmlDeviceGetUUID(handle)
+        uuid = _uuid(raw.decode() if isinstance(raw, bytes) else str(raw))
+    with suppress(Exception):
+        info = nvml.nvmlDeviceGetPciInfo(handle)
+        pci = (int(info.domain), int(info.bus), int(info.device))
+    return GpuIdentity(uuid, pci)
+
+
 class NvmlSource:
     """Every GPU on the host through NVML (package nvidia-ml-py), without shelling out to nvidia-smi.
 
@@ -149,6 +185,9 @@ class NvmlSource:
     `gpu{i}.mem_total_bytes`, `gpu{i}.temp_c`, `gpu{i}.power_w`. A query a GPU does not support (power on
     some boards) is left out. Each reading is a library call into the driver, where GPUtil started an
     `nvidia-smi` process per reading (tens of ms or more of process start and driver init each time).
+
+    `identities` (UUID, PCI location) of each GPU, read once at start, tie NVML's indices to torch's:
+    `index_of(cuda_identity(i))` is the `gpu{j}` of torch's `cuda:{i}`.
     """
 
     def __init__(self) -> None:
@@ -157,6 +196,7 @@ class NvmlSource:
         self.unavailable_reason: str | None = None
         self._nvml: Any = None
         self._handles: list[Any] = []
+        self.identities: list[GpuIdentity] = []  # by NVML index; kept after close()
         self._keys: list[tuple[str, str, str, str, str]] = []
         self._errors: type[BaseException] = Exception
         try:
@@ -181,6 +221,7 @@ class NvmlSource:
             return
         self._nvml = pynvml
         self._handles = handles
+        self.identities = [_nvml_identity(pynvml, handle) for handle in handles]
         # Only NVML's own errors mean "not readable now"; anything else is a bug the Monitor should record.
         self._errors = getattr(pynvml, "NVMLError", Exception)
         self._keys = [(f"gpu{i}.util", f"gpu{i}.mem_used_bytes", f"gpu{i}.mem_total_bytes", f"gpu{i}.temp_c",
@@ -204,6 +245,17 @@ class NvmlSource:
             with suppress(self._errors):
                 out[power] = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0  # NVML reports milliwatts
         return out
+
+    def index_of(self, identity: GpuIdentity) -> int | None:
+        """NVML's index of the GPU with this identity (UUID first, then PCI location); the only GPU when NVML
+        sees one; None when none matches: no figure is better than another GPU's."""
+        for field in ("uuid", "pci"):
+            wanted = getattr(identity, field)
+            matches = [i for i, known in enumerate(self.identities) if wanted is not None
+                       and getattr(known, field) == wanted]
+            if len(matches) == 1:
+                return matches[0]
+        return 0 if len(self.identities) == 1 else None
 
     def close(self) -> None:
         if self._nvml is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +11,7 @@ from torch.optim import optimizer as optimizer_module
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainfast.diagnose import timeline as timeline_module
-from trainfast.diagnose.instrument import DeviceEvents, Instrumentation
+from trainfast.diagnose.instrument import Instrumentation
 from trainfast.diagnose.timeline import StopMeasuring, Timeline
 
 
@@ -108,32 +107,3 @@ def test_autocast_and_scaler_are_observed() -> None:
         scaler.update()
     assert ("cpu", "bfloat16") in inst.observed.autocast
     assert inst.observed.scaler_steps == 1 and inst.observed.scaler_skipped() == 1
-
-
-class FakeEvent:
-    """Stands in for torch.cuda.Event: 'device' time is the host clock at record()."""
-
-    def record(self) -> None:
-        self.t = time.perf_counter()
-
-    def elapsed_time(self, end: FakeEvent) -> float:
-        return (end.t - self.t) * 1000
-
-
-def test_device_events_give_gpu_time_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CUDA branch, reached without a GPU: events at batch arrival and step end, one sync at report time."""
-    syncs: list[int] = []
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: syncs.append(1))
-    events = DeviceEvents(make_event=FakeEvent)
-    data = TensorDataset(torch.randn(48, 4), torch.randint(0, 2, (48,)))
-    model = torch.nn.Linear(4, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    tl = Timeline(warmup_steps=1)
-    with Instrumentation(tl, device_events=events):
-        for x, y in DataLoader(data, batch_size=8):
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            time.sleep(0.002)  # "GPU work"
-            optimizer.step()
-    seconds = events.device_seconds()
-    assert len(seconds) == len(tl.records) == 5 and all(s >= 0.002 for s in seconds)
-    assert syncs == [1]
