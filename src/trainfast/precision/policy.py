@@ -7,6 +7,7 @@ where autocast rarely pays. Only `torch.amp` is used; `torch.cuda.amp` is deprec
 
 from __future__ import annotations
 
+import itertools
 import logging
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -151,3 +152,34 @@ class LossScaler:
         self.scaler.load_state_dict(state["scaler"])  # type: ignore[arg-type]
         self._skipped.copy_(state["skipped"])  # type: ignore[arg-type]
         return True
+
+
+FALLING_LOG_POINTS = 3  # the scale fell at this many log points in a row: overflow is the rule, not the scale settling
+
+
+class ScaleWatch:
+    """AMP health: the loss scale read at each log point; says once when it keeps falling.
+
+    A GradScaler halves its scale at every overflowing step and doubles it after `growth_interval` clean ones,
+    so a scale that falls log point after log point means fp16 keeps overflowing, and steps keep being skipped.
+    """
+
+    def __init__(self, bf16_here: bool, falls: int = FALLING_LOG_POINTS) -> None:
+        self.bf16_here, self.falls = bf16_here, falls
+        self.scales: list[float] = []
+        self.warned = False
+
+    def observe(self, scale: float) -> str | None:
+        """Record the scale at a log point; the warning to log, the first time it fell `falls` times running."""
+        self.scales.append(scale)
+        recent = self.scales[-(self.falls + 1):]
+        falling = len(recent) == self.falls + 1 and all(b < a for a, b in itertools.pairwise(recent))
+        if not falling or self.warned:
+            return None
+        self.warned = True
+        fix = ("use precision='bf16-mixed' (this device runs bf16 natively: fp32's range, no loss scaling)"
+               if self.bf16_here else
+               "lower lr, keep grad_clip on and check the inputs for very large values (this device has no "
+               "native bf16)")
+        return (f"the fp16 loss scale fell at each of the last {self.falls} log points ({recent[0]:g} -> "
+                f"{scale:g}): gradients keep overflowing fp16 and those steps are skipped; {fix}")

@@ -29,7 +29,7 @@ from trainfast.loader.auto import threads_beside_workers
 from trainfast.loader.cpus import available_cpus
 from trainfast.loader.seeding import seed_all
 from trainfast.monitor import Monitor
-from trainfast.precision.policy import LossScaler, device_caps, resolve_precision
+from trainfast.precision.policy import LossScaler, ScaleWatch, device_caps, resolve_precision
 from trainfast.samples import batch_samples
 from trainfast.trainer.callbacks import check_callbacks, emit
 from trainfast.trainer.checkpoint import (
@@ -91,7 +91,8 @@ class Trainer:
             self.device = resolve_device(cfg.device)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        self.precision = resolve_precision(cfg.precision, device_caps(self.device))
+        caps = device_caps(self.device)
+        self.precision = resolve_precision(cfg.precision, caps)
         self.channels_last = resolve_channels_last(cfg.channels_last, model, self.device,
                                                    self.precision.autocast_dtype is not None)
         fmt = torch.channels_last if self.channels_last else torch.preserve_format
@@ -110,6 +111,9 @@ class Trainer:
         self.last_loss: float | None = None  # mean training loss at the last read
         self.last_metrics: dict[str, float] = {}  # train_loss, val_loss, val_accuracy of the last epoch
         self._skipped_seen = 0
+        self._window_from_step = 0  # optimizer step at which the loss window being summed began
+        self.scale_watch = ScaleWatch(bf16_here=caps.bf16)
+        self.last_loss_scale: float | None = None
         self._ddp: DistributedDataParallel | None = None
         self._stop_schedule = StopSchedule()
         log.info("precision: %s (%s); device: %s", self.precision.name, self.precision.reason, self.device)
@@ -270,12 +274,17 @@ class Trainer:
         metrics = {"step": self.step, "epoch": self.epoch, "loss": self._read_window(),
                    "lr": self.optimizer.param_groups[0]["lr"], "samples_per_s": window.samples_per_s,
                    "data_wait_fraction": window.data_wait_fraction}
+        if self.scaler.enabled:  # reading the scale syncs: log points only
+            metrics["loss_scale"] = self.last_loss_scale = self.scaler.loss_scale
+            warning = self.scale_watch.observe(self.last_loss_scale)
+            if warning and self.dist.is_main:
+                log.warning("%s", warning)
         emit(self.callbacks, "on_log", self, metrics)
 
     def _show(self, bar: ProgressReporter, now: float) -> None:
         if bar.wants_loss and not dist_initialized():  # reading is collective under DDP: log points only
             self._read_window()
-        bar.loss = self.last_loss
+        bar.loss, bar.loss_scale = self.last_loss, self.last_loss_scale
         window = self.clock.summary(last=RATE_WINDOW)
         bar.show(now, step=self.step, epoch=self.epoch, samples_per_s=window.samples_per_s * self.dist.world_size,
                  wait_fraction=window.data_wait_fraction)
@@ -289,11 +298,12 @@ class Trainer:
         self.last_loss = total / count
         skipped = self.scaler.skipped_steps if self.scaler.enabled else 0
         new_skips, self._skipped_seen = skipped - self._skipped_seen, skipped
+        steps, self._window_from_step = self.step - self._window_from_step, self.step  # optimizer steps, not batches
         if not math.isfinite(total):
-            if self.scaler.enabled and new_skips < count:
+            if self.scaler.enabled and new_skips < max(steps, 1):
                 # fp16 overflow that the scaler skipped: expected while the loss scale settles
-                log.warning("%d of the last %d steps were skipped by the loss scaler (non-finite gradients)",
-                            new_skips, count)
+                log.warning("%d of the last %d optimizer steps were skipped by the loss scaler (non-finite "
+                            "gradients)", new_skips, steps)
                 return None
             last = f"{self.config.checkpoint_dir}/last.pt" if self.config.checkpoint_dir else "none written"
             raise NonFiniteLossError(
@@ -431,6 +441,7 @@ class Trainer:
             log.info("resume: %s holds no loss scaler state (saved without fp16 loss scaling); this fp16 run "
                      "starts a fresh loss scaler at scale %g", path, self.scaler.loss_scale)
         self.epoch, self.step, self.batch = state["epoch"], state["step"], state["batch"]
+        self._window_from_step = self.step
         self.best_metric = state["best_metric"]
         self._epoch_loss = list(state["epoch_loss"])
         per_rank = state.get("rng_per_rank") or [state["rng"]]
@@ -448,7 +459,8 @@ class Trainer:
             val_loss=metrics.get("val_loss"), val_accuracy=metrics.get("val_accuracy"),
             checkpoint=str(ckpt / "last.pt") if ckpt and (ckpt / "last.pt").exists() else None,
             best_checkpoint=str(ckpt / "best.pt") if ckpt and (ckpt / "best.pt").exists() else None,
-            skipped_steps=self.scaler.skipped_steps if self.scaler.enabled else 0, wall_s=wall_s)
+            skipped_steps=self.scaler.skipped_steps if self.scaler.enabled else 0, wall_s=wall_s,
+            loss_scale=self.scaler.loss_scale if self.scaler.enabled else None)
 
     def _prefetch(self, loader: Iterable[Any]) -> Iterable[Any]:
         return prefetch(loader, self.device, self.channels_last)

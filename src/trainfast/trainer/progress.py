@@ -37,6 +37,7 @@ class ProgressReporter:
         self._bar: Progress | None = None
         self._task: Any = None
         self.loss: float | None = None
+        self.loss_scale: float | None = None  # fp16's loss scale as last read (log points), when one is used
 
     def __enter__(self) -> ProgressReporter:
         if self.enabled and self.tty:
@@ -69,6 +70,8 @@ class ProgressReporter:
             return
         self._next = now + self.interval_s
         loss = f" | loss {self.loss:.4f}" if self.loss is not None else ""
+        if self.loss_scale is not None:
+            loss += f" | scale {self.loss_scale:g}"
         stats = f"{samples_per_s:,.0f} samples/s | data wait {wait_fraction:.0%}{loss}"
         if self._bar is not None:
             self._bar.update(self._task, completed=step, description=f"epoch {epoch + 1}/{self.epochs}", stats=stats)
