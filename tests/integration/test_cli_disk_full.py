@@ -89,3 +89,26 @@ def test_no_room_for_best_pt_warns_and_finishes(tiny_images: Path, tmp_path: Pat
     assert "Training goes on: best.pt was not written" in captured.err
     assert f"checkpoints: {ckpt / 'last.pt'}\n" in captured.out
     assert sorted(p.name for p in ckpt.iterdir()) == ["last.pt"]
+
+
+def test_out_of_memory_in_training_exits_1_with_the_advice_and_no_traceback(
+        tiny_images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        stderr_log: pytest.CaptureFixture[str]) -> None:
+    from trainfast.cli import train as train_cli
+
+    build = train_cli.build_model
+
+    def failing_model(*args: Any, **kwargs: Any) -> torch.nn.Module:
+        model = build(*args, **kwargs)
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1099511627776 bytes")
+        model.forward = forward  # type: ignore[method-assign]
+        return model
+
+    monkeypatch.setattr(train_cli, "build_model", failing_model)
+    assert main(small(tiny_images, "--checkpoint-dir", str(tmp_path / "ck"))) == 1
+    err = stderr_log.readouterr().err
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if "out of memory on cpu at epoch 1, step 0 (batch size 16)" in line]
+    assert "find_batch_size" in err and "no checkpoint was written yet" in err

@@ -39,6 +39,7 @@ from trainfast.loader.make import make_loader
 from trainfast.loader.seeding import seed_all
 from trainfast.monitor import Monitor, PsutilSource
 from trainfast.monitor.sources import NvmlSource
+from trainfast.oom import is_oom
 from trainfast.precision.policy import device_caps
 from trainfast.trainer.clock import WARMUP_STEPS
 from trainfast.trainer.config import TrainConfig
@@ -52,9 +53,6 @@ Progress = Callable[[str], None]
 FULL_RANGE_WORKERS = 16
 UTIL_INTERVAL_S = 0.25  # monitor sampling while the workers rows train
 RSS_INTERVAL_S = 0.02  # fallback RSS sampling when the kernel's peak-RSS counter cannot be reset
-_OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
-
-
 @dataclass(frozen=True, kw_only=True)
 class BenchSpec:
     """What `trainfast bench` measures; `QUICK_BENCH` / `FULL_BENCH`, or smaller ones in tests."""
@@ -93,13 +91,6 @@ def mixed_precision(device: torch.device) -> str:
     if device.type == "cuda" and not device_caps(device).bf16:
         return "16-mixed"
     return "bf16-mixed"
-
-
-def is_oom(error: BaseException) -> bool:
-    """True for torch.OutOfMemoryError and for RuntimeErrors that say memory ran out (CPU allocators)."""
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    return isinstance(error, RuntimeError) and any(m in str(error).lower() for m in _OOM_MESSAGES)
 
 
 def free_memory(device: torch.device) -> None:

@@ -16,7 +16,7 @@ from trainfast.loader.make import make_loader
 from trainfast.loader.seeding import seed_all
 from trainfast.trainer.checkpoint import CheckpointError, CheckpointWriteError
 from trainfast.trainer.config import TrainConfig
-from trainfast.trainer.loop import NonFiniteLossError, Trainer
+from trainfast.trainer.loop import NonFiniteLossError, Trainer, TrainingOutOfMemoryError
 
 log = logging.getLogger("trainfast")
 EXAMPLES = """examples:
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 1
     except CheckpointError as e:
         parser.error(str(e))
-    except NonFiniteLossError as e:
+    except (NonFiniteLossError, TrainingOutOfMemoryError) as e:
         log.error("%s", e)
         return 1
     summary = result.to_json()

@@ -12,8 +12,8 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager, ExitStack, nullcontext
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -29,6 +29,7 @@ from trainfast.loader.auto import threads_beside_workers
 from trainfast.loader.cpus import available_cpus
 from trainfast.loader.seeding import seed_all
 from trainfast.monitor import Monitor
+from trainfast.oom import advice, is_oom, memory_at_oom
 from trainfast.precision.policy import LossScaler, ScaleWatch, device_caps, resolve_precision
 from trainfast.samples import batch_samples
 from trainfast.trainer.callbacks import check_callbacks, emit
@@ -71,6 +72,11 @@ StepFn = Callable[[nn.Module, Any], torch.Tensor]
 
 class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite; no checkpoint was written after it did."""
+
+
+class TrainingOutOfMemoryError(torch.OutOfMemoryError):
+    """Memory ran out inside `fit`: where, what the allocator held, what to change. No checkpoint was written
+    after it (the last one is intact); the original error is its `__cause__`."""
 
 
 class Trainer:
@@ -152,6 +158,7 @@ class Trainer:
             bar = stack.enter_context(ProgressReporter(enabled=cfg.progress and self.dist.is_main,
                                                        total_steps=total_steps, interval_s=cfg.log_interval_s,
                                                        epochs=cfg.epochs))
+            stack.enter_context(self._explain_oom(train_loader))  # innermost: the allocator as it failed
             emit(self.callbacks, "on_fit_start", self)
             while self.epoch < cfg.epochs:
                 emit(self.callbacks, "on_epoch_start", self, self.epoch)
@@ -164,6 +171,22 @@ class Trainer:
             result = replace(result, monitor={name: s.to_json() for name, s in monitor.summary().items()})
         emit(self.callbacks, "on_fit_end", self, result)
         return result
+
+    @contextmanager
+    def _explain_oom(self, loader: Iterable[Any]) -> Iterator[None]:
+        try:
+            yield
+        except Exception as e:
+            if not is_oom(e):
+                raise
+            memory = memory_at_oom(self.device)
+            ckpt = Path(self.config.checkpoint_dir) / "last.pt" if self.config.checkpoint_dir else None
+            kept = (f"{str(ckpt)!r} is untouched: resume from it (resume=True / --resume)" if ckpt and ckpt.is_file()
+                    else "no checkpoint was written yet")
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]  # torch appends pages of hints
+            raise TrainingOutOfMemoryError(
+                f"out of memory on {self.device} at epoch {self.epoch + 1}, step {self.step} (batch size "
+                f"{getattr(loader, 'batch_size', None) or 'unknown'}): {first}. {advice(e, memory)}. {kept}") from e
 
     def _wrap(self, distributed: bool) -> nn.Module:
         """DDP first, then compile: compiling the DDP module lets dynamo split graphs at gradient buckets."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,6 +29,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainfast.device import resolve_device, synchronize
+from trainfast.oom import EXPANDABLE, MemorySnapshot, fragmented, is_oom
+from trainfast.oom import memory_at_oom as _memory_at_oom  # a module global: tests fake it
+from trainfast.oom import requested_bytes as _requested_bytes
 from trainfast.precision.policy import PrecisionPolicy, device_caps, resolve_precision
 
 log = logging.getLogger("trainfast")
@@ -40,28 +42,10 @@ Sample = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 # the fit (and at least 1): each halving costs a full training step at a large batch, and the last 5 %
 # is within what other processes and the optimizer's state move anyway.
 RESOLUTION = 0.05
-# Cached-but-unallocated memory at an OOM above this share of the reserved memory means the allocator
-# held free blocks it could not use for the request: fragmentation (the same hint torch's OOM text gives).
-FRAGMENTATION_SHARE = 0.25
-EXPANDABLE = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
-# Messages of allocation failures that torch does not raise as OutOfMemoryError: the CPU allocator,
-# older CUDA paths and cuBLAS failing to allocate its workspace.
-_OOM_MARKERS = ("out of memory", "can't allocate memory", "CUBLAS_STATUS_ALLOC_FAILED")
-_UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
-_REQUEST = re.compile(r"[Tt]ried to allocate (\d+(?:\.\d+)?) ?(bytes|KiB|MiB|GiB|TiB)")
 
 
 class BatchSizeError(RuntimeError):
     """Even a batch of one sample does not fit in memory."""
-
-
-@dataclass(frozen=True)
-class MemorySnapshot:
-    """Device memory at an out-of-memory error, in bytes."""
-
-    allocated: int  # held by live tensors
-    reserved: int  # held by torch's caching allocator (allocated + cached free blocks)
-    total: int  # the device's capacity
 
 
 @dataclass(frozen=True)
@@ -170,41 +154,10 @@ def search(fits: Callable[[int], bool], start: int, max_batch: int) -> tuple[int
     return good, first_oom
 
 
-def is_oom(error: BaseException) -> bool:
-    """An allocation failure (a try to shrink), as opposed to a bug (to propagate)."""
-    if isinstance(error, torch.OutOfMemoryError):  # torch.cuda.OutOfMemoryError is this class
-        return True
-    return isinstance(error, RuntimeError) and any(m in str(error) for m in _OOM_MARKERS)
-
-
-def fragmented(memory: MemorySnapshot, requested: int | None) -> bool:
-    """Was the OOM caused by cached blocks too fragmented to serve the request, not by a lack of memory?"""
-    cached = memory.reserved - memory.allocated
-    if memory.reserved <= 0 or cached <= FRAGMENTATION_SHARE * memory.reserved:
-        return False
-    # A request larger than everything live tensors leave free fails however the memory is laid out.
-    return requested is None or requested <= memory.total - memory.allocated
-
-
-def _memory_at_oom(device: torch.device) -> MemorySnapshot | None:
-    """The CUDA allocator's numbers (None elsewhere): the one place that reads them, faked in tests."""
-    if device.type != "cuda":
-        return None
-    return MemorySnapshot(allocated=torch.cuda.memory_allocated(device), reserved=torch.cuda.memory_reserved(device),
-                          total=torch.cuda.get_device_properties(device).total_memory)
-
-
 def _release(device: torch.device) -> None:
     gc.collect()  # reference cycles (e.g. through a traceback) may still hold the try's tensors
     if device.type == "cuda":
         torch.cuda.empty_cache()  # give cached blocks back so the next try starts unfragmented
-
-
-def _requested_bytes(message: str) -> int | None:
-    """The failed allocation's size, from torch's CUDA or CPU OOM message."""
-    if match := _REQUEST.search(message):
-        return int(float(match.group(1)) * _UNITS[match.group(2)])
-    return None
 
 
 def _train_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | None, batch: int,

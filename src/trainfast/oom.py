@@ -1,0 +1,80 @@
+"""Out-of-memory errors: recognising one, the allocator's state when it happened, and whether fragmentation
+(free cached blocks too small for the request) rather than a lack of memory caused it."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+
+# Cached-but-unallocated memory at an OOM above this share of the reserved memory means the allocator
+# held free blocks it could not use for the request: fragmentation (the same hint torch's OOM text gives).
+FRAGMENTATION_SHARE = 0.25
+EXPANDABLE = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+# Messages of allocation failures that torch does not raise as OutOfMemoryError: the CPU allocator,
+# older CUDA paths and cuBLAS failing to allocate its workspace.
+_OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "cublas_status_alloc_failed")
+_UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_REQUEST = re.compile(r"[Tt]ried to allocate (\d+(?:\.\d+)?) ?(bytes|KiB|MiB|GiB|TiB)")
+
+
+@dataclass(frozen=True)
+class MemorySnapshot:
+    """Device memory at an out-of-memory error, in bytes."""
+
+    allocated: int  # held by live tensors
+    reserved: int  # held by torch's caching allocator (allocated + cached free blocks)
+    total: int  # the device's capacity
+
+
+def is_oom(error: BaseException) -> bool:
+    """An allocation failure, as opposed to a bug."""
+    if isinstance(error, torch.OutOfMemoryError):  # torch.cuda.OutOfMemoryError is this class
+        return True
+    return isinstance(error, RuntimeError) and any(m in str(error).lower() for m in _OOM_MARKERS)
+
+
+def fragmented(memory: MemorySnapshot, requested: int | None) -> bool:
+    """Was the OOM caused by cached blocks too fragmented to serve the request, not by a lack of memory?"""
+    cached = memory.reserved - memory.allocated
+    if memory.reserved <= 0 or cached <= FRAGMENTATION_SHARE * memory.reserved:
+        return False
+    # A request larger than everything live tensors leave free fails however the memory is laid out.
+    return requested is None or requested <= memory.total - memory.allocated
+
+
+def memory_at_oom(device: torch.device) -> MemorySnapshot | None:
+    """The CUDA allocator's numbers (None elsewhere): read while the failed step's tensors are still alive."""
+    if device.type != "cuda":
+        return None
+    return MemorySnapshot(allocated=torch.cuda.memory_allocated(device), reserved=torch.cuda.memory_reserved(device),
+                          total=torch.cuda.get_device_properties(device).total_memory)
+
+
+def requested_bytes(message: str) -> int | None:
+    """The failed allocation's size, from torch's CUDA or CPU OOM message."""
+    if match := _REQUEST.search(message):
+        return int(float(match.group(1)) * _UNITS[match.group(2)])
+    return None
+
+
+def advice(error: BaseException, memory: MemorySnapshot | None) -> str:
+    """What the allocator held at the error and what to change, for the message of an OOM in training."""
+    gib = 2**30
+    lines = []
+    if memory is not None:
+        lines.append(f"{memory.allocated / gib:.2f} GiB allocated by tensors, {memory.reserved / gib:.2f} GiB "
+                     f"reserved by torch, of {memory.total / gib:.2f} GiB")
+        requested = requested_bytes(str(error))
+        if fragmented(memory, requested):
+            already = "expandable_segments" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+            lines.append(f"fragmentation: {(memory.reserved - memory.allocated) / gib:.2f} GiB is cached but in "
+                         "blocks too small for the request; " + (
+                             "expandable_segments is already set: free long-lived tensors made during training"
+                             if already else f"set {EXPANDABLE} before the process starts"))
+    lines.append("a smaller batch (trainfast.find_batch_size(model, sample) measures the largest that fits; "
+                 "TrainConfig(accumulate=N) keeps the effective batch), mixed precision (precision='bf16-mixed' "
+                 "or 'auto') or a smaller model")
+    return "; ".join(lines)
