@@ -60,6 +60,11 @@ def requested_bytes(message: str) -> int | None:
     return None
 
 
+def first_line(error: BaseException) -> str:
+    """The error's first line: torch appends pages of allocator hints to a CUDA OOM message."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 def advice(error: BaseException, memory: MemorySnapshot | None) -> str:
     """What the allocator held at the error and what to change, for the message of an OOM in training."""
     gib = 2**30

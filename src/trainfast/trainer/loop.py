@@ -29,7 +29,7 @@ from trainfast.loader.auto import threads_beside_workers
 from trainfast.loader.cpus import available_cpus
 from trainfast.loader.seeding import seed_all
 from trainfast.monitor import Monitor
-from trainfast.oom import advice, is_oom, memory_at_oom
+from trainfast.oom import advice, first_line, is_oom, memory_at_oom
 from trainfast.precision.policy import LossScaler, ScaleWatch, device_caps, resolve_precision
 from trainfast.samples import batch_samples
 from trainfast.trainer.callbacks import check_callbacks, emit
@@ -183,10 +183,10 @@ class Trainer:
             ckpt = Path(self.config.checkpoint_dir) / "last.pt" if self.config.checkpoint_dir else None
             kept = (f"{str(ckpt)!r} is untouched: resume from it (resume=True / --resume)" if ckpt and ckpt.is_file()
                     else "no checkpoint was written yet")
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]  # torch appends pages of hints
             raise TrainingOutOfMemoryError(
                 f"out of memory on {self.device} at epoch {self.epoch + 1}, step {self.step} (batch size "
-                f"{getattr(loader, 'batch_size', None) or 'unknown'}): {first}. {advice(e, memory)}. {kept}") from e
+                f"{getattr(loader, 'batch_size', None) or 'unknown'}): {first_line(e)}. {advice(e, memory)}. "
+                f"{kept}") from e
 
     def _wrap(self, distributed: bool) -> nn.Module:
         """DDP first, then compile: compiling the DDP module lets dynamo split graphs at gradient buckets."""

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainfast.device import resolve_device, synchronize
-from trainfast.oom import EXPANDABLE, MemorySnapshot, fragmented, is_oom
+from trainfast.oom import EXPANDABLE, MemorySnapshot, first_line, fragmented, is_oom
 from trainfast.oom import memory_at_oom as _memory_at_oom  # a module global: tests fake it
 from trainfast.oom import requested_bytes as _requested_bytes
 from trainfast.precision.policy import PrecisionPolicy, device_caps, resolve_precision
@@ -100,7 +100,7 @@ def find_batch_size(model: nn.Module, sample: Sample, *, precision: str = "auto"
             if not is_oom(e):
                 raise
             ok = False
-            last_oom = (str(e).strip().splitlines() or [type(e).__name__])[0]  # torch appends pages of hints
+            last_oom = first_line(e)
             # Read while the failed step's tensors are still referenced: the state the allocator failed in.
             memory = _memory_at_oom(dev)
             if suspect is None and memory is not None and fragmented(memory, _requested_bytes(str(e))):
