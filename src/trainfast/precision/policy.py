@@ -1,8 +1,10 @@
 """`PrecisionPolicy`: which numeric precision to train in, resolved once from the device's abilities.
 
 "auto" picks bf16-mixed on CUDA devices that support bf16 (Ampere and newer: same exponent range as
-fp32, so no loss scaling), 16-mixed with a GradScaler on older CUDA devices, and 32-true on the CPU,
-where autocast rarely pays. Only `torch.amp` is used; `torch.cuda.amp` is deprecated.
+fp32, so no loss scaling), 16-mixed with a GradScaler on older CUDA devices, bf16-mixed on CPUs with a
+native bf16 matmul (AMX-BF16, AVX512-BF16, ARM BF16; see `cpufeatures.cpu_bf16`), and 32-true on other CPUs and
+other device types (mps, ...). An explicit 'bf16-mixed' on a CPU without native bf16 is allowed: torch
+emulates it, usually slower than fp32. Only `torch.amp` is used; `torch.cuda.amp` is deprecated.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
+from trainfast.precision import cpufeatures
+from trainfast.precision.cpufeatures import CPU_BF16_FEATURES
 
 PrecisionName = Literal["auto", "bf16-mixed", "16-mixed", "32-true"]
 PRECISIONS: tuple[str, ...] = ("auto", "bf16-mixed", "16-mixed", "32-true")
@@ -43,20 +48,24 @@ class DeviceCaps:
 
     device_type: str
     capability: tuple[int, int] | None = None  # CUDA compute capability
-    bf16: bool = False
+    bf16: bool = False  # native (not emulated) bf16 math
+    bf16_source: str | None = None  # what provides it: "compute capability 8.0", "AVX512-BF16", ...
 
 
 # Ampere's compute capability: native bf16 and TF32 tensor-core math start here (older GPUs emulate bf16, slowly).
 AMPERE = (8, 0)
 
-
 def device_caps(device: torch.device) -> DeviceCaps:
+    if device.type == "cpu":
+        feature = cpufeatures.cpu_bf16()
+        return DeviceCaps("cpu", None, feature is not None, feature)
     if device.type != "cuda":
         return DeviceCaps(device.type)
     # From `device`'s own capability: torch.cuda.is_bf16_supported() asks the *current* device, which on a
     # host with mixed GPUs may be another model than the one trained on.
     capability = torch.cuda.get_device_capability(device)
-    return DeviceCaps("cuda", capability, capability >= AMPERE)
+    bf16 = capability >= AMPERE
+    return DeviceCaps("cuda", capability, bf16, f"compute capability {capability[0]}.{capability[1]}" if bf16 else None)
 
 
 @dataclass(frozen=True)
@@ -82,10 +91,17 @@ def resolve_precision(requested: str, caps: DeviceCaps) -> PrecisionPolicy:
         raise ValueError(f"precision={requested!r} is not valid; choose one of: {', '.join(PRECISIONS)}")
     cuda = caps.device_type == "cuda"
     ampere = cuda and caps.capability is not None and caps.capability >= AMPERE
+    cpu = caps.device_type == "cpu"
     name, why = requested, "requested"
     if requested == "auto":
-        if not cuda:
-            name, why = "32-true", f"{caps.device_type} device: autocast seldom speeds up CPU training"
+        if cpu and caps.bf16:
+            source = f" ({caps.bf16_source})" if caps.bf16_source else ""
+            name, why = "bf16-mixed", f"CPU has native bf16{source}: bf16 autocast, fp32 weights, no loss scaling"
+        elif cpu:
+            name, why = "32-true", f"CPU has no native bf16 matmul ({CPU_BF16_FEATURES}): fp32"
+        elif not cuda:
+            name, why = "32-true", f"{caps.device_type} device: fp32 (auto mixes precision only on CUDA and on CPUs " \
+                                   "with native bf16)"
         elif caps.bf16:
             name, why = "bf16-mixed", f"CUDA capability {caps.capability} supports bf16: fp32 range, no loss scaling"
         else:
@@ -93,6 +109,9 @@ def resolve_precision(requested: str, caps: DeviceCaps) -> PrecisionPolicy:
     if name == "bf16-mixed" and cuda and not caps.bf16:
         raise ValueError(f"precision='bf16-mixed' needs a bf16-capable GPU; capability {caps.capability} is not. "
                          "Use '16-mixed' (fp16 with loss scaling) or 'auto'")
+    if requested == "bf16-mixed" and cpu and not caps.bf16:
+        why = (f"requested; this CPU has no native bf16 matmul ({CPU_BF16_FEATURES}): torch emulates bf16, likely "
+               "slower than fp32")
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(name)
     # An explicit '32-true' means full fp32 matmuls; otherwise TF32 is free speed on Ampere and newer.
     return PrecisionPolicy(name=name, device_type=caps.device_type, autocast_dtype=dtype,

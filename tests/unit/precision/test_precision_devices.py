@@ -37,7 +37,8 @@ def mixed_host(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_bf16_is_read_from_the_target_device(mixed_host: list[int], current: int, target: int, bf16: bool) -> None:
     mixed_host[0] = current
     caps = device_caps(torch.device("cuda", target))
-    assert caps == DeviceCaps("cuda", CAPABILITIES[target], bf16)
+    major, minor = CAPABILITIES[target]
+    assert caps == DeviceCaps("cuda", (major, minor), bf16, f"compute capability {major}.{minor}" if bf16 else None)
     assert resolve_precision("auto", caps).name == ("bf16-mixed" if bf16 else "16-mixed")
 
 

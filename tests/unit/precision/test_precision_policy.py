@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 
+from trainfast.precision import cpufeatures
 from trainfast.precision.policy import (
     PRECISIONS,
     DeviceCaps,
@@ -18,9 +19,10 @@ from trainfast.precision.policy import (
     resolve_precision,
 )
 
-CPU = DeviceCaps("cpu")
-AMPERE = DeviceCaps("cuda", (8, 0), bf16=True)
-HOPPER = DeviceCaps("cuda", (9, 0), bf16=True)
+CPU = DeviceCaps("cpu")  # a CPU without native bf16 (faked: not this machine's)
+CPU_BF16 = DeviceCaps("cpu", bf16=True, bf16_source="AVX512-BF16")
+AMPERE = DeviceCaps("cuda", (8, 0), bf16=True, bf16_source="compute capability 8.0")
+HOPPER = DeviceCaps("cuda", (9, 0), bf16=True, bf16_source="compute capability 9.0")
 TURING = DeviceCaps("cuda", (7, 5), bf16=False)
 VOLTA = DeviceCaps("cuda", (7, 0), bf16=False)
 
@@ -29,6 +31,7 @@ VOLTA = DeviceCaps("cuda", (7, 0), bf16=False)
     ("requested", "caps", "name", "dtype", "scaler", "tf32"),
     [
         ("auto", CPU, "32-true", None, False, False),
+        ("auto", CPU_BF16, "bf16-mixed", torch.bfloat16, False, False),
         ("auto", DeviceCaps("mps"), "32-true", None, False, False),
         ("auto", AMPERE, "bf16-mixed", torch.bfloat16, False, True),
         ("auto", HOPPER, "bf16-mixed", torch.bfloat16, False, True),
@@ -37,6 +40,7 @@ VOLTA = DeviceCaps("cuda", (7, 0), bf16=False)
         ("32-true", CPU, "32-true", None, False, False),
         ("32-true", TURING, "32-true", None, False, False),
         ("bf16-mixed", CPU, "bf16-mixed", torch.bfloat16, False, False),
+        ("bf16-mixed", CPU_BF16, "bf16-mixed", torch.bfloat16, False, False),
         ("bf16-mixed", AMPERE, "bf16-mixed", torch.bfloat16, False, True),
         ("16-mixed", AMPERE, "16-mixed", torch.float16, True, True),
         ("16-mixed", TURING, "16-mixed", torch.float16, True, False),
@@ -52,11 +56,14 @@ def test_resolve_precision_table(requested: str, caps: DeviceCaps, name: str, dt
     assert policy.tf32 is tf32
     assert policy.reason
     if requested != "auto":
-        assert policy.reason == "requested"
+        assert policy.reason.startswith("requested")
+        assert (policy.reason == "requested") is not (requested == "bf16-mixed" and caps == CPU)
 
 
 def test_auto_explains_its_choice() -> None:
-    assert "cpu" in resolve_precision("auto", CPU).reason
+    assert "CPU has no native bf16" in resolve_precision("auto", CPU).reason
+    assert "(AVX512-BF16)" in resolve_precision("auto", CPU_BF16).reason
+    assert "mps" in resolve_precision("auto", DeviceCaps("mps")).reason
     assert "(8, 0)" in resolve_precision("auto", AMPERE).reason
     assert "GradScaler" in resolve_precision("auto", TURING).reason
 
@@ -79,8 +86,10 @@ def test_precisions_constant() -> None:
     assert PRECISIONS == ("auto", "bf16-mixed", "16-mixed", "32-true")
 
 
-def test_device_caps_on_cpu() -> None:
-    assert device_caps(torch.device("cpu")) == DeviceCaps("cpu")
+@pytest.mark.parametrize("feature", [None, "AMX-BF16", "AVX512-BF16", "ARM BF16"])
+def test_device_caps_on_cpu(monkeypatch: pytest.MonkeyPatch, feature: str | None) -> None:
+    monkeypatch.setattr(cpufeatures, "cpu_bf16", lambda: feature)
+    assert device_caps(torch.device("cpu")) == DeviceCaps("cpu", None, feature is not None, feature)
 
 
 @pytest.mark.parametrize(("capability", "bf16"), [((7, 5), False), ((7, 0), False), ((8, 0), True), ((9, 0), True)])
@@ -95,14 +104,18 @@ def test_device_caps_counts_only_native_bf16(monkeypatch: pytest.MonkeyPatch, ca
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
     caps = device_caps(torch.device("cuda", 0))
-    assert caps == DeviceCaps("cuda", capability, bf16)
+    assert caps == DeviceCaps("cuda", capability, bf16, f"compute capability {capability[0]}.{capability[1]}" if bf16
+                              else None)
     assert resolve_precision("auto", caps).name == ("bf16-mixed" if bf16 else "16-mixed")
 
 
-@pytest.mark.parametrize(("requested", "dtype"), [("bf16-mixed", torch.bfloat16), ("32-true", torch.float32),
-                                                   ("auto", torch.float32)])
-def test_autocast_on_cpu(requested: str, dtype: torch.dtype) -> None:
-    policy = resolve_precision(requested, CPU)
+@pytest.mark.parametrize(("requested", "caps", "dtype"), [("bf16-mixed", CPU, torch.bfloat16),
+                                                           ("32-true", CPU, torch.float32),
+                                                           ("auto", CPU, torch.float32),
+                                                           ("auto", CPU_BF16, torch.bfloat16),
+                                                           ("32-true", CPU_BF16, torch.float32)])
+def test_autocast_on_cpu(requested: str, caps: DeviceCaps, dtype: torch.dtype) -> None:
+    policy = resolve_precision(requested, caps)
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     with policy.autocast():
         out = a @ b

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainfast.precision.policy import device_caps, resolve_precision
 from trainfast.tune import batch_size as bs
 from trainfast.tune.batch_size import (
     RESOLUTION,
@@ -72,7 +73,8 @@ def test_finds_the_largest_batch_that_fits(limit: int, first_oom: int) -> None:
     assert result.first_oom == first_oom
     assert all(fitted == (b <= limit) for b, fitted, _ in result.tried)
     assert result.fragmentation_suspected is False
-    assert (result.device, result.precision) == ("cpu", "32-true")
+    auto = resolve_precision("auto", device_caps(torch.device("cpu"))).name  # bf16-mixed on a CPU with native bf16
+    assert (result.device, result.precision) == ("cpu", auto)
 
 
 def test_stops_at_max_batch_without_an_oom(releases: list[torch.device]) -> None:
