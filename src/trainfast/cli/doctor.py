@@ -30,7 +30,8 @@ step(s), or, where no optimizer steps, its backward pass(es).
 ...), plus two baseline runs (before and after, so drift shows), each in a fresh process and each as long
 as a doctor run (up to --max-seconds); --verify-repeats N does all of that N times and takes the median.
 Exit code: the script's own when it ends by itself or crashes (the report is printed first), 0 when the
-doctor stops it after the measured steps, 2 for bad arguments.
+doctor stops it after the measured steps, 2 for bad arguments. A script that runs out of memory (CUDA or
+CPU) gets a paragraph saying at which step, what the allocator held and what to change (JSON: "oom").
 """
 
 

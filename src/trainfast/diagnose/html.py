@@ -87,6 +87,7 @@ summary{cursor:pointer;color:#3d444d;font-size:14px}
 ul.notes{margin:0;padding-left:20px}
 pre{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,"Liberation Mono",monospace;font-size:12.5px;
  background:#fff;border:1px solid #e2e5e9;border-radius:8px;padding:10px 14px;overflow-x:auto;white-space:pre-wrap}
+.oom{background:#fdecec;color:#7a1a12;border-radius:8px;padding:10px 14px;margin:12px 0 0;font-size:14px}
 footer{color:#8b949e;font-size:12px;text-align:center;margin-top:22px}
 """
 
@@ -177,7 +178,21 @@ def _header(report: dict[str, Any]) -> str:
     sub = f'<div class="sub">{" · ".join(parts)}</div>' if parts else ""
     errors = "".join(f"<details><summary>{_e(key)}</summary><pre>{_e(script[key])}</pre></details>"
                      for key in ("error", "traceback") if script.get(key) not in (None, ""))
-    return f"<header><h1>{_e(title)}</h1>{sub}{errors}</header>"
+    return f"<header><h1>{_e(title)}</h1>{sub}{_oom(report)}{errors}</header>"
+
+
+def _oom(report: dict[str, Any]) -> str:
+    """The script died of an out-of-memory error: where, the error's first line, and what to change."""
+    oom = report.get("oom")
+    if not isinstance(oom, Mapping):
+        return ""
+    step, device = oom.get("step"), oom.get("device")
+    where = (f"at step {_e(step)}" if step not in (None, "") else "before its first training step") + (
+        f" on {_e(device)}" if device not in (None, "") else "")
+    message = str(oom.get("message") or "out of memory").rstrip(".")
+    advice = oom.get("advice")
+    return (f'<p class="oom"><strong>The script ran out of memory {where}</strong>: {_e(message)}.'
+            + (f" {_e(str(advice).rstrip('.'))}." if advice not in (None, "") else "") + "</p>")
 
 
 def _banner(report: dict[str, Any]) -> str:

@@ -43,6 +43,7 @@ from trainfast.diagnose.devicetime import DeviceTimer
 from trainfast.diagnose.evidence import LoaderStats
 from trainfast.diagnose.models import batch_axis, root_modules
 from trainfast.diagnose.timeline import Timeline
+from trainfast.dynamo import dynamo_counts
 from trainfast.loader.memory import TensorLoader
 from trainfast.samples import batch_samples, first_leaf
 
@@ -73,15 +74,6 @@ class Observations:
     def scaler_skipped(self) -> int:
         """Optimizer steps the GradScaler skipped (reading it synchronises: report time only)."""
         return int(sum(int(t.item()) for t in self.scaler_found_inf.values()))
-
-
-def dynamo_counts() -> dict[str, int]:
-    """Frames compiled and graph breaks so far (torch._dynamo's counters; empty if dynamo never loaded)."""
-    if "torch._dynamo" not in sys.modules:
-        return {"frames": 0, "graph_breaks": 0}
-    from torch._dynamo.utils import counters
-
-    return {"frames": int(counters["frames"].get("ok", 0)), "graph_breaks": int(sum(counters["graph_break"].values()))}
 
 
 def _to_destination(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:

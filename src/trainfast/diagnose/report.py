@@ -10,13 +10,15 @@ from typing import Any
 import psutil
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from trainfast.diagnose.classify import Fractions, Verdict, classify, max_speedups, share_interval
 from trainfast.diagnose.evidence import Evidence, LoaderStats
-from trainfast.diagnose.instrument import Instrumentation, Observations, dynamo_counts
+from trainfast.diagnose.instrument import Instrumentation, Observations
 from trainfast.diagnose.recommend import Recommendation, num_workers, recommend
 from trainfast.diagnose.timeline import StepRecord, Timeline
+from trainfast.dynamo import dynamo_counts
 from trainfast.loader.cpus import available_cpus
 from trainfast.monitor import percentile, sustained_growth_per_minute
 from trainfast.monitor.analysis import window_mean
@@ -44,6 +46,7 @@ class Report:
     step_spread: dict[str, float] | None = None  # p10 / p50 / p90 of the measured steps' seconds
     intervals: dict[str, list[float]] | None = None  # 95 % bootstrap interval of each part's share
     contention: dict[str, Any] | None = None  # other processes' CPU use while measuring
+    oom: dict[str, Any] | None = None  # the script died of an out-of-memory error: where, the allocator, advice
 
     @property
     def data_wait_fraction(self) -> float | None:
@@ -73,6 +76,7 @@ class Report:
             "env": self.env,
             "monitor": self.monitor,
             "script": self.script,
+            "oom": self.oom,
             "notes": self.notes,
             "verify": self.verify,
             "timeline": [{"end_s": r.end_s, "total_s": r.total_s, "wait_s": r.wait_s, "transfer_s": r.transfer_s,
@@ -204,8 +208,10 @@ def proposed_threads(timeline: Timeline, instrumentation: Instrumentation) -> in
 
 def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monitor: Any = None,
                  env: dict[str, Any] | None = None, script: dict[str, Any] | None = None,
-                 loader_headroom: float | None = None, notes: list[str] | None = None) -> Report:
-    """Turn what the hooks recorded into fractions, a verdict and ranked fixes (the only device sync)."""
+                 loader_headroom: float | None = None, notes: list[str] | None = None,
+                 oom: dict[str, Any] | None = None) -> Report:
+    """Turn what the hooks recorded into fractions, a verdict and ranked fixes (the only device sync). `oom`: the
+    runner's entry for a script that died of an out-of-memory error; the measured steps before it still count."""
     timeline.finish()
     observed = instrumentation.observed
     device = _device(observed)
@@ -261,7 +267,7 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
         observed=observed_json, env=env or {}, monitor=_monitor_json(monitor), script=script or {}, notes=notes,
         step_signal=timeline.signal, input_source=timeline.input_source, seen=timeline.seen(),
         step_spread=spread, intervals={k: list(v) for k, v in intervals.items()} if intervals else None,
-        contention=contention)
+        contention=contention, oom=oom)
 
 
 def _thread_probe(timeline: Timeline, threads: int | None, records: list[StepRecord]) -> tuple[int, float] | None:
@@ -399,7 +405,10 @@ def render_terminal(report: Report, console: Console) -> None:
     title = "trainfast doctor" + (f" — {report.script['target']}" if report.script.get("target") else "")
     console.rule(title)
     if report.script.get("outcome"):
-        console.print(f"run: {report.script['outcome']}")
+        console.print(f"run: {escape(str(report.script['outcome']))}")  # the script's error text: not markup
+    if report.oom:
+        console.print(f"[bold red]{escape(oom_headline(report.oom))}[/]: "
+                      f"{escape(oom_paragraph(report.oom, headline=False))}")
     if report.verdict is None or report.fractions is None:
         console.print(f"[bold]verdict: n/a[/] — {_no_verdict_reason(report.seen, report.warmup_steps)}")
     else:
@@ -440,6 +449,20 @@ def render_terminal(report: Report, console: Console) -> None:
             console.print(f"[yellow]{check['status']}[/] {check['name']}: {check['detail']} — {check.get('fix', '')}")
     for note in report.notes:
         console.print(f"note: {note}")
+
+
+def oom_headline(oom: dict[str, Any]) -> str:
+    """Where the script ran out of memory (the `oom` entry's step and device)."""
+    step = oom.get("step")
+    where = f"at step {step}" if step is not None else "before its first training step"
+    return f"the script ran out of memory {where}" + (f" on {oom['device']}" if oom.get("device") else "")
+
+
+def oom_paragraph(oom: dict[str, Any], *, headline: bool = True) -> str:
+    """The `oom` entry in words: where, the error's first line, what the allocator held and what to change."""
+    parts = (str(oom.get("message") or "out of memory"), str(oom.get("advice") or ""))
+    detail = " ".join(f"{part.rstrip('.')}." for part in parts if part)
+    return f"{oom_headline(oom)}: {detail}" if headline else detail
 
 
 def _split_bar(f: Fractions, width: int = 60) -> str:

@@ -8,6 +8,10 @@ the run stops the same way (from the next step boundary, or from a SIGALRM handl
 elsewhere) and the report says what was measured by then. Every patch is removed whatever happens: normal
 end, `sys.exit`, a crash, or the stop.
 
+A crash that is an out-of-memory error (CUDA's, or the CPU allocator's "can't allocate memory") gets the
+report's `oom` entry: where it happened, what the allocator held (read in the `except` block, while the failed
+step's tensors are still alive) and what to change (trainfast/oom.py, as the Trainer says it).
+
 On the CPU, when the loader fix the doctor is about to propose would give the model step fewer intra-op
 threads, a few more steps are measured at that thread count after the others (the "threads" phase): on 2 CPUs a
 compute-heavy step can take 1.8x as long on one thread, which turns "more workers" into a slowdown.
@@ -29,11 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainfast.diagnose.instrument import Instrumentation
+import torch
+
+from trainfast.diagnose.instrument import Instrumentation, Observations
 from trainfast.diagnose.report import Report, build_report, thread_probe
 from trainfast.diagnose.timeline import StopMeasuring, Timeline
 from trainfast.envcheck.environment import environment, preflight
 from trainfast.monitor import Monitor
+from trainfast.oom import advice, first_line, fragmented, is_oom, memory_at_oom, requested_bytes
 from trainfast.trainer.settings import torch_settings
 
 
@@ -96,6 +103,7 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
     # An optimizer's constructor imports torch._dynamo, which keeps a table of Tensor's methods: imported while
     # our counting wrappers are in place, it would keep them (and the whole run) for the rest of the process.
     import torch._dynamo  # noqa: F401
+    oom: dict[str, Any] | None = None
     # torch_settings() puts back the thread count, cudnn.benchmark and TF32 the script may change
     with torch_settings(), Monitor(interval_s=monitor_interval_s) as monitor, \
             Instrumentation(timeline, on_loader=on_loader) as inst:
@@ -127,6 +135,8 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
         except Exception as e:
             exit_code, outcome = 1, f"the script crashed: {type(e).__name__}: {e}"
             error = "".join(traceback.format_exception(e))
+            if is_oom(e):  # now, before the failed step's tensors go with the exception's frames
+                oom = _oom_entry(e, _model_device(inst.observed))
         finally:
             sys.argv, sys.path[:] = saved_argv, saved_path
             os.environ.clear()
@@ -137,9 +147,43 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
     env["checks"] = [*env.get("checks", []), *checks]
     script = {"target": f"-m {target}" if module else target, "args": list(args or []), "outcome": outcome,
               "exit_code": exit_code, "error": error}
+    if oom is not None:
+        oom["step"] = _failed_step(timeline)
     notes = []
     if 0 < len(timeline.records) < steps:
         notes.append(f"only {len(timeline.records)} of the {steps} requested steps were measured before the script "
                      "ended; the figures are less certain")
-    report = build_report(timeline, inst, monitor=monitor, env=env, script=script, notes=notes)
+    report = build_report(timeline, inst, monitor=monitor, env=env, script=script, notes=notes, oom=oom)
     return DoctorRun(report=report, exit_code=exit_code, error=error)
+
+
+def _model_device(observed: Observations) -> torch.device | None:
+    """The device the model was seen on; without one, the current CUDA device when the process did CUDA work
+    (asking otherwise would create a CUDA context), else None (no allocator to read)."""
+    if observed.device == "cuda":
+        index = observed.device_index
+        return torch.device("cuda") if index is None else torch.device("cuda", index)  # no index: the current one
+    if observed.device is not None:
+        return torch.device(observed.device)
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_initialized() else None
+
+
+def _oom_entry(error: BaseException, device: torch.device | None) -> dict[str, Any]:
+    """The report's `oom` entry (its `step` is filled in once the timeline is closed)."""
+    try:
+        memory = memory_at_oom(device) if device is not None else None
+    except Exception:  # a device that cannot say: the advice without the allocator's numbers, not a second crash
+        memory = None
+    return {"message": first_line(error), "step": None, "device": None if device is None else str(device),
+            "allocated_bytes": memory.allocated if memory else None,
+            "reserved_bytes": memory.reserved if memory else None, "total_bytes": memory.total if memory else None,
+            "fragmented": memory is not None and fragmented(memory, requested_bytes(str(error))),
+            "advice": advice(error, memory)}
+
+
+def _failed_step(timeline: Timeline) -> int | None:
+    """The training step the error happened in (1-based, counted as the report counts steps: warm-up included),
+    or None when it came before the first one began (loading data, building the model)."""
+    if not (timeline.training_forwards or timeline.backwards or timeline.loader_fed):
+        return None
+    return timeline.steps_seen + 1
