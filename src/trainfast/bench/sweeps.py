@@ -40,10 +40,10 @@ from trainfast.loader.seeding import seed_all
 from trainfast.monitor import Monitor, PsutilSource
 from trainfast.monitor.sources import NvmlSource
 from trainfast.oom import is_oom
-from trainfast.precision.policy import device_caps
+from trainfast.precision.policy import device_caps, resolve_precision
 from trainfast.trainer.clock import WARMUP_STEPS
 from trainfast.trainer.config import TrainConfig
-from trainfast.trainer.loop import Trainer
+from trainfast.trainer.loop import Trainer, resolve_channels_last
 
 log = logging.getLogger("trainfast")
 Progress = Callable[[str], None]
@@ -91,6 +91,12 @@ def mixed_precision(device: torch.device) -> str:
     if device.type == "cuda" and not device_caps(device).bf16:
         return "16-mixed"
     return "bf16-mixed"
+
+
+def workers_precision(device: torch.device) -> str:
+    """The workers rows' precision: "auto"'s prior for the device. The rows fix precision and channels_last to
+    their priors: a row measures its own setting, not the Trainer's A/Bs of the others."""
+    return resolve_precision("auto", device_caps(device)).name
 
 
 def free_memory(device: torch.device) -> None:
@@ -221,7 +227,9 @@ def _workers_row(root: Path, n: int, *, classes: int, batch_size: int, image_siz
     loader = make_loader(ImageFolder(root / "train", image_size=image_size), batch_size, workers=n, seed=seed,
                          device=device)
     per_epoch = len(loader)
-    config = TrainConfig(epochs=1, limit_batches=limit_batches, precision="auto", cpu_threads="auto",
+    precision = workers_precision(device)
+    config = TrainConfig(epochs=1, limit_batches=limit_batches, precision=precision, cpu_threads="auto",
+                         channels_last=resolve_channels_last("auto", model, device, precision != "32-true"),
                          device=str(device), progress=False, warmup_steps=min(10, limit_batches), seed=seed)
     threads = threads_beside_workers(available_cpus(), n) if device.type == "cpu" else torch.get_num_threads()
     row: dict[str, Any] = {"num_workers": n, "epoch_s": None, "samples_per_s": None, "data_wait_fraction": None,
@@ -302,6 +310,7 @@ def _precision_row(x: torch.Tensor, y: torch.Tensor, precision: str, batch: int,
         model = build_model("convnet", num_classes=10, image_size=image_size)
         loader = make_loader((x, y), batch, workers=0, normalize=Normalize(), seed=seed, device=device)
         config = TrainConfig(epochs=1, limit_batches=steps, precision=precision, cpu_threads="auto",
+                             channels_last=resolve_channels_last("auto", model, device, precision != "32-true"),
                              device=str(device), progress=False, warmup_steps=min(10, steps), seed=seed)
         with peak:
             result = Trainer(model, config=config).fit(loader)
@@ -376,7 +385,7 @@ def run_bench(spec: BenchSpec, root: Path, *, progress: Progress | None = None, 
                      "worker_batches": spec.worker_batches, "precision_steps": spec.precision_steps,
                      "batch_sizes": batch_sizes, "usable_cpus": cpus, "warmup_steps_excluded": WARMUP_STEPS,
                      "model": "convnet",
-                     "workers_precision": "32-true" if device.type == "cpu" else "auto"},
+                     "workers_precision": workers_precision(device)},
         "best_num_workers": best["num_workers"] if best else None,
         "wall_s": time.perf_counter() - started,
     }

@@ -89,6 +89,10 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[
         convert, is_bool = _converter(hints[f.name], f.name)
         if is_bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        elif "bare" in f.metadata:  # `--x` alone means the bare value, `--x VALUE` the value, `--no-x` False
+            parser.add_argument(flag, type=convert, nargs="?", const=f.metadata["bare"], default=default,
+                                help=help_text, metavar=f.name.upper())
+            parser.add_argument("--no-" + flag[2:], dest=f.name, action="store_false", help=argparse.SUPPRESS)
         else:
             choices = f.metadata.get("choices")
             parser.add_argument(flag, type=convert, default=default, help=help_text, choices=choices,

@@ -31,7 +31,9 @@ class TrainConfig:
                                     metadata=_opt("clip the gradient norm to this (unscaled); none disables"))
     accumulate: int = field(default=1, metadata=_opt("micro-batches per optimizer step (gradient accumulation)"))
     precision: str = field(default="auto", metadata=_opt("numeric precision", choices=PRECISIONS))
-    compile: bool = field(default=False, metadata=_opt("torch.compile the model (pays off on long runs)"))
+    compile: bool | str = field(default=False, metadata=_opt(
+        "torch.compile the model: true, false, or 'auto' (time eager vs compiled steps on the first steps and keep "
+        "the compiled model only if it is faster and repays its compile time within the run)", bare=True))
     channels_last: bool | str = field(
         default="auto",
         metadata=_opt("NHWC memory format: true, false, or 'auto' (conv nets on the CPU or with mixed precision)"))
@@ -77,6 +79,8 @@ class TrainConfig:
             device_kind(self.device)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        if self.compile not in (True, False, "auto"):
+            raise ConfigError(f"compile={self.compile!r} is not valid; use True, False or 'auto'")
         if self.channels_last not in (True, False, "auto"):
             raise ConfigError(f"channels_last={self.channels_last!r} is not valid; use True, False or 'auto'")
         try:

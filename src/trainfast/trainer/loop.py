@@ -30,7 +30,7 @@ from trainfast.loader.cpus import available_cpus
 from trainfast.loader.seeding import seed_all
 from trainfast.monitor import Monitor
 from trainfast.oom import advice, first_line, is_oom, memory_at_oom
-from trainfast.precision.policy import LossScaler, ScaleWatch, device_caps, resolve_precision
+from trainfast.precision.policy import LossScaler, PrecisionPolicy, ScaleWatch, device_caps, resolve_precision
 from trainfast.samples import batch_samples
 from trainfast.trainer.callbacks import check_callbacks, emit
 from trainfast.trainer.checkpoint import (
@@ -59,6 +59,7 @@ from trainfast.trainer.distributed import (
 )
 from trainfast.trainer.feeding import batches_per_epoch, check_sharding, closing, position, prefetch
 from trainfast.trainer.optimizer import default_optimizer
+from trainfast.trainer.practices import Practices
 from trainfast.trainer.progress import ProgressReporter
 from trainfast.trainer.result import FitResult
 from trainfast.trainer.schedule import warmup_cosine
@@ -98,16 +99,20 @@ class Trainer:
         except ValueError as e:
             raise ConfigError(str(e)) from None
         caps = device_caps(self.device)
-        self.precision = resolve_precision(cfg.precision, caps)
-        self.channels_last = resolve_channels_last(cfg.channels_last, model, self.device,
-                                                   self.precision.autocast_dtype is not None)
-        fmt = torch.channels_last if self.channels_last else torch.preserve_format
-        self.model = model.to(self.device, memory_format=fmt)  # type: ignore[call-overload]
+        precision = resolve_precision(cfg.precision, caps)
+        channels_last = resolve_channels_last(cfg.channels_last, model, self.device,
+                                              precision.autocast_dtype is not None)
+        fmt = torch.channels_last if channels_last else torch.preserve_format
+        self.model: nn.Module = model.to(self.device, memory_format=fmt)  # type: ignore[call-overload]
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = optimizer or default_optimizer(self.model, cfg.lr, cfg.weight_decay, self.device)
+        # precision, channels_last and compile: priors now, confirmed by A/Bs on the first steps of fit
+        self.practices = Practices(self.model, self.optimizer, self.device, caps, precision, channels_last,
+                                   requested_precision=cfg.precision, requested_channels_last=cfg.channels_last,
+                                   requested_compile=cfg.compile)
         self.loss_fn = loss_fn or F.cross_entropy
         self.step_fn = step_fn
-        self.scaler = LossScaler(self.device, self.precision.needs_scaler, cfg.scaler)
+        self.scaler = LossScaler(self.device, precision.needs_scaler, cfg.scaler)
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         self.clock = StepClock()
         self.epoch = self.step = self.batch = 0  # position: next epoch / optimizer steps done / next batch
@@ -122,7 +127,16 @@ class Trainer:
         self.last_loss_scale: float | None = None
         self._ddp: DistributedDataParallel | None = None
         self._stop_schedule = StopSchedule()
-        log.info("precision: %s (%s); device: %s", self.precision.name, self.precision.reason, self.device)
+        self._saved_practices: dict[str, str] | None = None  # what the run a checkpoint resumes chose
+        log.info("precision: %s (%s); device: %s", precision.name, precision.reason, self.device)
+
+    @property
+    def precision(self) -> PrecisionPolicy:
+        return self.practices.precision
+
+    @property
+    def channels_last(self) -> bool:
+        return self.practices.channels_last
 
     # ---------------------------------------------------------------- the loop
     def fit(self, train_loader: Iterable[Any], val_loader: Iterable[Any] | None = None, *,
@@ -145,7 +159,9 @@ class Trainer:
             distributed = stack.enter_context(process_group(self.dist, self.device))
             if distributed:
                 check_sharding(train_loader)
-            model = self._wrap(distributed)
+            fresh = self.epoch == self.step == self.batch == 0
+            self.practices.plan(self._wrap(distributed), total_steps, fresh=fresh, distributed=distributed,
+                                agree=lambda choice: gather(choice)[0], saved=self._saved_practices)
             stack.enter_context(torch_settings(cpu_threads=self._cpu_threads(train_loader), tf32=self.precision.tf32,
                                                cudnn_benchmark=cfg.cudnn_benchmark if self.device.type == "cuda"
                                                else None))
@@ -162,10 +178,10 @@ class Trainer:
             emit(self.callbacks, "on_fit_start", self)
             while self.epoch < cfg.epochs:
                 emit(self.callbacks, "on_epoch_start", self, self.epoch)
-                self._train_epoch(model, train_loader, per_epoch, bar, stop)
+                self._train_epoch(train_loader, per_epoch, bar, stop)
                 if stop.agreed:
                     self._stop_for_signal()
-                self._end_epoch(model, val_loader)
+                self._end_epoch(self.practices.model, val_loader)
         result = self._result(time.perf_counter() - started)
         if monitor is not None:
             result = replace(result, monitor={name: s.to_json() for name, s in monitor.summary().items()})
@@ -189,12 +205,13 @@ class Trainer:
                 f"{kept}") from e
 
     def _wrap(self, distributed: bool) -> nn.Module:
-        """DDP first, then compile: compiling the DDP module lets dynamo split graphs at gradient buckets."""
-        model = self.model
-        if distributed:
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            model = self._ddp = DistributedDataParallel(model, device_ids=ids)
-        return cast(nn.Module, torch.compile(model)) if self.config.compile else model
+        """DDP here, compile after it (Practices): compiling the DDP module lets dynamo split graphs at buckets."""
+        if not distributed:
+            return self.model
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        wrapped: nn.Module = DistributedDataParallel(self.model, device_ids=ids)
+        self._ddp = cast(DistributedDataParallel, wrapped)
+        return wrapped
 
     def _sync_grads(self, boundary: bool) -> AbstractContextManager[object]:
         """Inside a gradient-accumulation cycle DDP need not all-reduce: only the cycle's last backward does."""
@@ -223,10 +240,9 @@ class Trainer:
                 fix = f" (fix: {check.fix})" if check.fix else ""
                 log.warning("pre-flight %s: %s%s", check.name, check.detail, fix)
 
-    def _train_epoch(self, model: nn.Module, loader: Iterable[Any], n_batches: int, bar: ProgressReporter,
-                     stop: StopSignal) -> None:
-        cfg, clock, acc = self.config, self.clock, self.config.accumulate
-        autocast = self.precision.autocast()  # reusable across steps (not re-entrant, not needed)
+    def _train_epoch(self, loader: Iterable[Any], n_batches: int, bar: ProgressReporter, stop: StopSignal) -> None:
+        cfg, clock, acc, practices = self.config, self.clock, self.config.accumulate, self.practices
+        model, autocast = practices.current()  # autocast is reusable across steps (not re-entrant, not needed)
         model.train()
         batches = iter(self._prefetch(position(loader, self.epoch, self.batch)))
         clock.resume()
@@ -237,6 +253,9 @@ class Trainer:
                 break
             clock.waited(asked, time.perf_counter())
             boundary = (b + 1) % acc == 0 or b + 1 == n_batches
+            if practices.measuring:  # an A/B's step: its setting, timed
+                batch = practices.begin(batch, self._loss, cycle_start=b % acc == 0)
+                model, autocast = practices.current()
             with self._sync_grads(boundary):
                 with autocast:
                     loss = self._loss(model, batch)
@@ -249,6 +268,9 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 self._schedule_step()
                 self.step += 1
+            if practices.measuring:
+                practices.end(loss, boundary=boundary)
+                model, autocast = practices.current()
             self.batch = b + 1
             self._loss_sum.add_(loss.detach())  # stays on the device until a log point
             self._loss_count += 1
@@ -403,7 +425,8 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                 "epoch": self.epoch, "step": self.step, "batch": self.batch, "best_metric": self.best_metric,
                 "epoch_loss": list(self._epoch_loss), "rng": rngs[0], "rng_per_rank": rngs,
-                "config": self.config.to_dict(), "versions": versions(), "format": 1}
+                "config": self.config.to_dict(), "practices": self.practices.saved(), "versions": versions(),
+                "format": 1}
 
     def save(self, path: Path) -> Path:
         """Write a checkpoint (collective under DDP: every rank calls it, rank 0 writes, all wait for the file).
@@ -464,6 +487,7 @@ class Trainer:
             log.info("resume: %s holds no loss scaler state (saved without fp16 loss scaling); this fp16 run "
                      "starts a fresh loss scaler at scale %g", path, self.scaler.loss_scale)
         self.epoch, self.step, self.batch = state["epoch"], state["step"], state["batch"]
+        self._saved_practices = state.get("practices")  # absent from checkpoints written before it was saved
         self._window_from_step = self.step
         self.best_metric = state["best_metric"]
         self._epoch_loss = list(state["epoch_loss"])
@@ -483,7 +507,7 @@ class Trainer:
             checkpoint=str(ckpt / "last.pt") if ckpt and (ckpt / "last.pt").exists() else None,
             best_checkpoint=str(ckpt / "best.pt") if ckpt and (ckpt / "best.pt").exists() else None,
             skipped_steps=self.scaler.skipped_steps if self.scaler.enabled else 0, wall_s=wall_s,
-            loss_scale=self.scaler.loss_scale if self.scaler.enabled else None)
+            loss_scale=self.scaler.loss_scale if self.scaler.enabled else None, **self.practices.to_json())
 
     def _prefetch(self, loader: Iterable[Any]) -> Iterable[Any]:
         return prefetch(loader, self.device, self.channels_last)

@@ -21,11 +21,16 @@ class FitResult:
     wall_s: float
     monitor: dict[str, Any] | None = None  # metric -> {mean, p5, p95, ...} when TrainConfig(monitor=True)
     loss_scale: float | None = None  # the fp16 loss scale at the end; None without loss scaling
+    # How each practice was chosen: {chosen, reason, measured, figures} (see trainer/practices.py)
+    precision: dict[str, Any] | None = None
+    channels_last: dict[str, Any] | None = None
+    compile: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {"epochs": self.epochs, "steps": self.steps, "samples_per_s": self.samples_per_s,
                "data_wait_fraction": self.data_wait_fraction, "final_loss": self.final_loss,
                "val_loss": self.val_loss, "val_accuracy": self.val_accuracy, "checkpoint": self.checkpoint,
                "best_checkpoint": self.best_checkpoint, "skipped_steps": self.skipped_steps, "wall_s": self.wall_s,
-               "loss_scale": self.loss_scale}
+               "loss_scale": self.loss_scale, "precision": self.precision, "channels_last": self.channels_last,
+               "compile": self.compile}
         return out | ({"monitor": self.monitor} if self.monitor is not None else {})

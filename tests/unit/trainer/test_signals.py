@@ -116,7 +116,7 @@ def test_ddp_ranks_stop_within_seconds_of_a_signal_not_at_the_next_log_point(
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(256, 4, generator=g), torch.randint(0, 2, (256,), generator=g)
     cfg = TrainConfig(epochs=1, log_every=50, checkpoint_dir=str(tmp_path / "ckpt"), device="cpu", progress=False,
-                      monitor=False)
+                      monitor=False, precision="32-true")  # no precision A/B: its guard's forwards count here
     trainer = Trainer(SignalAtForward(at=3), config=cfg)
     trainer.dist = replace(trainer.dist, world_size=2)  # distributed, as far as the loop can tell
     with pytest.raises(SystemExit):

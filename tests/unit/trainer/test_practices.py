@@ -1,0 +1,295 @@
+"""Precision, channels_last and compile chosen by A/Bs on the run's first steps (trainer/practices.py).
+
+The models here sleep in one setting, so each A/B has a known answer on any CPU; torch.compile is faked where a
+test is about the decision rather than inductor.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from trainfast.loader.memory import TensorLoader
+from trainfast.precision import cpufeatures
+from trainfast.trainer import practices
+from trainfast.trainer.config import TrainConfig
+from trainfast.trainer.loop import Trainer
+from trainfast.trainer.practices import CYCLES, MIN_RUN_MULTIPLE
+
+DELAY_S = 0.015  # the slow setting's extra time per step: far above a 2-core CPU's step-to-step noise
+
+
+class Sleepy(nn.Module):
+    """A conv net that sleeps in each forward where `slow(self, x)` says so; `shift` is added to its first logit under
+    autocast (a precision that changes the loss)."""
+
+    def __init__(self, slow: Callable[[Sleepy, torch.Tensor], bool] = lambda m, x: False, shift: float = 0.0) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4, 2)
+        self.slow, self.shift, self.fast = slow, shift, False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.slow(self, x):
+            time.sleep(DELAY_S)
+        out: torch.Tensor = self.head(self.conv(x).mean(dim=(2, 3)))
+        if self.shift and torch.is_autocast_enabled("cpu"):
+            out = out + torch.tensor([self.shift, 0.0])  # favours class 0: the loss changes (a uniform shift would not)
+        return out
+
+
+def fp32_slow(m: Sleepy, x: torch.Tensor) -> bool:
+    return not torch.is_autocast_enabled("cpu")
+
+
+def bf16_slow(m: Sleepy, x: torch.Tensor) -> bool:
+    return torch.is_autocast_enabled("cpu")
+
+
+def nhwc_slow(m: Sleepy, x: torch.Tensor) -> bool:
+    return m.conv.weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def eager_slow(m: Sleepy, x: torch.Tensor) -> bool:
+    return not m.fast
+
+
+def loader(steps: int, batch: int = 8) -> TensorLoader:
+    g = torch.Generator().manual_seed(0)
+    n = steps * batch
+    return TensorLoader((torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, 2, (n,), generator=g)), batch,
+                        shuffle=False)
+
+
+@pytest.fixture
+def native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This CPU has native bf16, as far as the precision prior can tell (torch emulates it where it has not)."""
+    monkeypatch.setattr(cpufeatures, "cpu_bf16", lambda: "AVX512-BF16")
+
+
+def fit(model: nn.Module, steps: int = 30, **settings: object) -> dict[str, object]:
+    config = TrainConfig(**{"epochs": 1, "progress": False, "device": "cpu", "lr": 1e-3, **settings})  # type: ignore[arg-type]
+    return Trainer(model, config=config).fit(loader(steps)).to_json()
+
+
+@pytest.mark.parametrize(("slow", "chosen"), [(fp32_slow, "bf16-mixed"), (bf16_slow, "32-true")])
+def test_precision_ab_keeps_the_faster(native_bf16: None, slow: Callable[[Sleepy, torch.Tensor], bool],
+                                       chosen: str) -> None:
+    result = fit(Sleepy(slow), channels_last=False)
+    precision = result["precision"]
+    assert isinstance(precision, dict)
+    assert precision["chosen"] == chosen and precision["measured"] is True
+    step_s = precision["step_s"]
+    assert set(step_s) == {"bf16-mixed", "32-true"}
+    loser = "32-true" if chosen == "bf16-mixed" else "bf16-mixed"
+    assert step_s[loser] - step_s[chosen] > 0.5 * DELAY_S
+    assert set(precision["loss"]) == {"bf16-mixed", "32-true"}
+
+
+@pytest.mark.parametrize(("fp32_s", "chosen"), [(0.1020, "32-true"), (0.1040, "bf16-mixed")])
+def test_a_precision_within_the_margin_keeps_fp32(native_bf16: None, fp32_s: float, chosen: str) -> None:
+    """bf16 at 0.100 s a step: 2 % faster than fp32 is within the 3 % margin (fp32 kept: it is exact), 4 % is not."""
+    ab = practices._AB("precision", ("bf16-mixed", "32-true"), times={"bf16-mixed": [0.1, 0.1, 0.1],
+                                                                        "32-true": [fp32_s] * 3},
+                       guard={"bf16-mixed": 2.30, "32-true": 2.31})
+    trainer = Trainer(Sleepy(), config=TrainConfig(device="cpu", progress=False))
+    choice = trainer.practices._decide(ab)
+    assert choice.chosen == chosen, choice.reason
+    assert choice.step_s == {"bf16-mixed": 0.1, "32-true": fp32_s} and choice.loss == ab.guard
+
+
+def test_a_precision_that_changes_the_loss_is_refused_however_fast(native_bf16: None) -> None:
+    precision = fit(Sleepy(fp32_slow, shift=3.0), channels_last=False)["precision"]
+    assert isinstance(precision, dict)
+    assert precision["chosen"] == "32-true"
+    assert precision["reason"].startswith("refused bf16-mixed: its loss on the first batch is")
+    loss = precision["loss"]
+    assert abs(loss["bf16-mixed"] - loss["32-true"]) > practices.LOSS_TOLERANCE * loss["32-true"]
+
+
+def test_the_loss_guard_leaves_no_trace(native_bf16: None) -> None:
+    """The guard's extra forwards neither update BatchNorm statistics nor consume the dropout stream."""
+    def build() -> nn.Module:
+        torch.manual_seed(1)
+        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Dropout(0.5), nn.Flatten(), nn.LazyLinear(2))
+
+    torch.manual_seed(2)
+    model = build()
+    model(torch.randn(2, 3, 8, 8))  # materialise the lazy layer
+    batch = next(iter(loader(1)))
+    ab = Trainer(model, config=TrainConfig(device="cpu", progress=False, channels_last=False)).practices
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    losses = ab._same_batch_losses(batch, lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]),
+                                   ("bf16-mixed", "32-true"))
+    assert all(math.isfinite(v) for v in losses.values())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert torch.equal(rng, torch.get_rng_state())
+
+
+def test_a_short_run_keeps_the_prior_and_says_why(native_bf16: None) -> None:
+    steps = MIN_RUN_MULTIPLE * CYCLES - 1
+    result = fit(Sleepy(bf16_slow), steps=steps)
+    precision, layout = result["precision"], result["channels_last"]
+    assert isinstance(precision, dict) and isinstance(layout, dict)
+    assert precision["chosen"] == "bf16-mixed" and precision["measured"] is False
+    assert f"run of {steps} steps" in precision["reason"] and "AVX512-BF16" in precision["reason"]
+    assert layout["chosen"] == "channels_last" and layout["measured"] is False
+
+
+def test_no_native_bf16_means_fp32_and_no_ab(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpufeatures, "cpu_bf16", lambda: None)
+    precision = fit(Sleepy(fp32_slow), channels_last=False)["precision"]
+    assert isinstance(precision, dict)
+    assert precision["chosen"] == "32-true" and precision["measured"] is False
+    assert "no native bf16" in precision["reason"]
+
+
+def test_channels_last_ab_switches_the_model_and_its_optimizer_state() -> None:
+    model = Sleepy(nhwc_slow)
+    trainer = Trainer(model, config=TrainConfig(epochs=1, progress=False, device="cpu", precision="32-true"))
+    result = trainer.fit(loader(30)).to_json()
+    layout = result["channels_last"]
+    assert isinstance(layout, dict)
+    assert layout["chosen"] == "contiguous" and set(layout["step_s"]) == {"channels_last", "contiguous"}
+    assert trainer.channels_last is False
+    assert model.conv.weight.is_contiguous()
+    moments = trainer.optimizer.state[model.conv.weight]
+    assert all(v.is_contiguous() for v in moments.values() if v.dim() == 4)
+
+
+class FakeCompiled(nn.Module):
+    """What the faked torch.compile returns: the same model, run "fast" (or failing, or giving NaN)."""
+
+    def __init__(self, inner: Sleepy, mode: str = "fast") -> None:
+        super().__init__()
+        self.inner, self.mode = inner, mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "fail":
+            raise RuntimeError("inductor: no working C++ compiler found")
+        self.inner.fast = True
+        try:
+            out: torch.Tensor = self.inner(x)
+        finally:
+            self.inner.fast = False
+        return out * math.nan if self.mode == "nan" else out
+
+
+def fake_compile(monkeypatch: pytest.MonkeyPatch, mode: str = "fast") -> None:
+    monkeypatch.setattr(torch, "compile", lambda model: FakeCompiled(model, mode))
+
+
+def compile_block(result: dict[str, object]) -> dict[str, object]:
+    block = result["compile"]
+    assert isinstance(block, dict)
+    assert set(block) >= {"chosen", "eager_step_s", "compiled_step_s", "compile_s", "recompiles", "graph_breaks",
+                          "reason"}
+    return block
+
+
+def test_compile_auto_keeps_a_faster_compiled_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_compile(monkeypatch)
+    block = compile_block(fit(Sleepy(eager_slow), steps=40, precision="32-true", channels_last=False,
+                              compile="auto"))
+    assert block["chosen"] == "compiled", block["reason"]
+    assert block["eager_step_s"] - block["compiled_step_s"] > 0.5 * DELAY_S  # type: ignore[operator]
+    assert block["recompiles"] == 0 and block["graph_breaks"] == 0 and block["compile_s"] >= 0  # type: ignore[operator]
+
+
+def test_compile_auto_that_cannot_repay_its_compile_time_stays_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_compile(monkeypatch)
+    original = practices.Practices._compile
+
+    def slow_compile(self: practices.Practices, ab: practices._AB, batch: object, loss_of: object) -> None:
+        original(self, ab, batch, loss_of)  # type: ignore[arg-type]
+        ab.compile_s += 60.0  # as if inductor took a minute: 9 steps left at 15 ms saved never repay it
+
+    monkeypatch.setattr(practices.Practices, "_compile", slow_compile)
+    block = compile_block(fit(Sleepy(eager_slow), steps=MIN_RUN_MULTIPLE * CYCLES, precision="32-true",
+                              channels_last=False, compile="auto"))
+    assert block["chosen"] == "eager"
+    assert "less than its compile time" in str(block["reason"])
+
+
+def test_compile_auto_falls_back_when_compilation_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_compile(monkeypatch, "fail")
+    result = fit(Sleepy(eager_slow), precision="32-true", channels_last=False, compile="auto")
+    block = compile_block(result)
+    assert block["chosen"] == "eager"
+    assert "compilation failed: RuntimeError: inductor: no working C++ compiler found" in str(block["reason"])
+    assert result["steps"] == 30  # the failure cost no step
+
+
+def test_compile_true_raises_when_compilation_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_compile(monkeypatch, "fail")
+    with pytest.raises(RuntimeError, match="no working C"):
+        fit(Sleepy(), precision="32-true", channels_last=False, compile=True)
+
+
+def test_a_compiled_step_that_gives_nan_never_touches_the_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_compile(monkeypatch, "nan")
+    result = fit(Sleepy(eager_slow), precision="32-true", channels_last=False, compile="auto")
+    block = compile_block(result)
+    assert block["chosen"] == "eager"
+    assert "the compiled step gave a loss that is non-finite" in str(block["reason"])
+    assert math.isfinite(result["final_loss"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("frames", "breaks", "why"), [(5, 0, "recompiles over"), (0, 10, "graph breaks (limit")])
+def test_compile_auto_falls_back_on_recompiles_or_graph_breaks(monkeypatch: pytest.MonkeyPatch, frames: int,
+                                                                breaks: int, why: str) -> None:
+    fake_compile(monkeypatch)
+    counts = {"frames": 0, "graph_breaks": 0}
+
+    def growing() -> dict[str, int]:  # each read finds more: dynamo recompiling, or breaking graphs, all along
+        counts["frames"] += frames
+        counts["graph_breaks"] += breaks
+        return dict(counts)
+
+    monkeypatch.setattr(practices, "dynamo_counts", growing)
+    block = compile_block(fit(Sleepy(eager_slow), precision="32-true", channels_last=False, compile="auto"))
+    assert block["chosen"] == "eager"
+    assert why in str(block["reason"])
+
+
+def test_compile_true_reports_the_figures_and_keeps_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_compile(monkeypatch)
+    block = compile_block(fit(Sleepy(lambda m, x: m.fast), precision="32-true", channels_last=False, compile=True))
+    assert block["chosen"] == "compiled"  # even though it is the slower here
+    assert block["compiled_step_s"] > block["eager_step_s"]  # type: ignore[operator]
+
+
+def test_compile_false_reports_eager() -> None:
+    block = compile_block(fit(Sleepy(), precision="32-true", channels_last=False))
+    assert block["chosen"] == "eager" and block["reason"] == "compile=False" and block["eager_step_s"] is None
+
+
+def test_a_resumed_run_trains_with_what_its_start_chose(native_bf16: None, tmp_path: Path) -> None:
+    model = Sleepy(bf16_slow)
+    config = TrainConfig(epochs=2, progress=False, device="cpu", channels_last=False, checkpoint_dir=str(tmp_path))
+    first = Trainer(model, config=TrainConfig.from_dict({**config.to_dict(), "epochs": 1})).fit(loader(30))
+    assert first.precision is not None and first.precision["chosen"] == "32-true"  # measured: bf16 is slow here
+    state = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert state["practices"]["precision"] == "32-true"
+    resumed = Trainer(Sleepy(), config=config).fit(loader(30), resume=True)
+    assert resumed.precision is not None
+    assert resumed.precision["chosen"] == "32-true" and "kept on resume" in resumed.precision["reason"]
+
+
+def test_distributed_ranks_take_rank_zero_s_choice(native_bf16: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rank times its own steps; all train with rank 0's decision (here: faked as the opposite)."""
+    trainer = Trainer(Sleepy(fp32_slow), config=TrainConfig(epochs=1, progress=False, device="cpu",
+                                                             channels_last=False))
+    monkeypatch.setattr("trainfast.trainer.loop.gather",
+                        lambda obj: [practices.Choice(obj.practice, "32-true", "rank 0 decided")]
+                        if isinstance(obj, practices.Choice) else [obj])
+    result = trainer.fit(loader(30))
+    assert result.precision is not None and result.precision["chosen"] == "32-true"
+    assert trainer.precision.name == "32-true"
