@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
@@ -48,3 +49,20 @@ def synchronize(device: torch.device | str) -> None:
         device = resolve_device(device) if device_kind(device) == "auto" else torch.device(device)
     if device.type == "cuda" and torch.cuda.is_available():  # without CUDA nothing can be queued there
         torch.cuda.synchronize(device)
+
+
+class DeviceClock:
+    """Wall time of device work: the one timer the measured steps use (the Trainer's A/Bs, the tuner's trials and
+    compute rate, the batch-size search), synchronising the device when it starts and when it is read."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = device
+        self.started = 0.0
+
+    def start(self) -> None:
+        synchronize(self.device)
+        self.started = time.perf_counter()
+
+    def elapsed(self) -> float:
+        synchronize(self.device)
+        return time.perf_counter() - self.started

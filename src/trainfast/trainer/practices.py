@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
@@ -22,7 +21,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from trainfast.device import synchronize
+from trainfast.device import DeviceClock
 from trainfast.dynamo import dynamo_counts
 from trainfast.precision.policy import DeviceCaps, PrecisionPolicy, resolve_precision
 
@@ -94,7 +93,7 @@ class Practices:
         self.compiled: nn.Module | None = None
         self.choices: dict[str, Choice] = {}
         self._queue: list[_AB] = []
-        self._started = 0.0
+        self._clock = DeviceClock(device)
         self._cycle_s = 0.0
         self._planned = 0
         self._steps = 0
@@ -173,13 +172,12 @@ class Practices:
         if ab.practice == "channels_last":
             batch = _inputs_as(batch, torch.channels_last if ab.setting() == "channels_last"
                                else torch.contiguous_format)
-        self._started = time.perf_counter()
+        self._clock.start()
         return batch
 
     def end(self, loss: torch.Tensor, *, boundary: bool) -> None:
         """After a micro-batch: its time (the device synchronised); at a cycle's end, maybe a decision."""
-        synchronize(self.device)
-        self._cycle_s += time.perf_counter() - self._started
+        self._cycle_s += self._clock.elapsed()
         if not boundary:
             return
         ab = self._queue[0]
@@ -305,7 +303,7 @@ class Practices:
         ab.breaks_before = dynamo_counts()["graph_breaks"]
         with torch.no_grad(), _untouched(self.module, self.device), self.precision.autocast():
             eager_loss = float(loss_of(self.module, batch).float())
-        started = time.perf_counter()
+        self._clock.start()
         try:
             self.compiled = cast(nn.Module, torch.compile(self.eager))
             with _untouched(self.module, self.device):
@@ -314,13 +312,13 @@ class Practices:
                 out.backward()
                 grads = [p.grad for p in self.module.parameters() if p.grad is not None]
                 finite = all(bool(torch.isfinite(g).all()) for g in grads)
-            loss = float(out.detach().float())
+            loss = float(out.detach().float())  # (synchronises)
         except Exception as e:  # any failure to compile means eager, with the reason
             if self.requested[2] is True:
                 raise
             first = str(e).splitlines()[0] if str(e) else ""
             ab.compile_error, self.compiled = f"{type(e).__name__}: {first}"[:300], None
-        ab.compile_s = time.perf_counter() - started
+        ab.compile_s = self._clock.elapsed()
         off = _loss_gap(loss, eager_loss) if ab.compile_error is None else None
         if ab.compile_error is None and (off is not None or not finite):
             wrong = (f"a loss that is {off} (eager: {eager_loss:.4g}, same batch)" if off is not None

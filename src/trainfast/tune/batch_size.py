@@ -18,7 +18,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainfast.device import resolve_device, synchronize
+from trainfast.device import DeviceClock, resolve_device, synchronize
 from trainfast.oom import EXPANDABLE, MemorySnapshot, first_line, fragmented, is_oom
 from trainfast.oom import memory_at_oom as _memory_at_oom  # a module global: tests fake it
 from trainfast.oom import requested_bytes as _requested_bytes
@@ -89,10 +88,11 @@ def find_batch_size(model: nn.Module, sample: Sample, *, precision: str = "auto"
     suspect: tuple[int, MemorySnapshot] | None = None
     last_oom = ""
 
+    clock = DeviceClock(dev)
+
     def fits(batch: int) -> bool:
         nonlocal suspect, last_oom
-        synchronize(dev)  # the model's and the sample's copies to the device are not this try's time
-        started = time.perf_counter()
+        clock.start()  # the model's and the sample's copies to the device are not this try's time
         try:
             _train_step(model, x, y, batch, policy, step_fn)
             ok = True
@@ -106,7 +106,7 @@ def find_batch_size(model: nn.Module, sample: Sample, *, precision: str = "auto"
             if suspect is None and memory is not None and fragmented(memory, _requested_bytes(str(e))):
                 suspect = (batch, memory)
         finally:
-            seconds = time.perf_counter() - started  # the step alone, not the clean-up below
+            seconds = clock.elapsed()  # the step alone, not the clean-up below
             model.zero_grad(set_to_none=True)
             _release(dev)
         tried.append((batch, ok, seconds))

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from trainfast.device import synchronize
+from trainfast.device import DeviceClock
 from trainfast.loader.make import make_loader
 from trainfast.samples import batch_samples
 from trainfast.trainer.settings import torch_settings
@@ -64,13 +64,12 @@ def run_trial(dataset: Any, batch_size: int, config: LoaderConfig, *, step_fn: S
     loader = make_loader(dataset, batch_size, shuffle=True, workers=config.num_workers,
                          prefetch_factor=config.prefetch_factor or "auto", pin_memory=config.pin_memory,
                          persistent_workers=True, device=device, seed=0)
-    samples, clock = 0, 0.0
+    samples, clock = 0, DeviceClock(device)
     try:
         with torch_settings(cpu_threads=config.cpu_threads):
             seen = 0
             if warmup == 0:
-                synchronize(device)
-                clock = time.perf_counter()
+                clock.start()
             while seen < warmup + batches:
                 fetched = 0
                 for batch in loader:  # a short dataset is cycled: a measurement needs enough batches
@@ -79,16 +78,14 @@ def run_trial(dataset: Any, batch_size: int, config: LoaderConfig, *, step_fn: S
                         step_fn(batch)
                     seen += 1
                     if seen == warmup:
-                        synchronize(device)
-                        clock = time.perf_counter()
+                        clock.start()
                     elif seen > warmup:
                         samples += batch_samples(batch)
                     if seen >= warmup + batches:
                         break
                 if fetched == 0:
                     raise ValueError("the dataset yields no batch at this batch size; lower batch_size")
-            synchronize(device)
-            elapsed = time.perf_counter() - clock
+            elapsed = clock.elapsed()
     finally:
         close = getattr(loader, "close", None)
         if close is not None:

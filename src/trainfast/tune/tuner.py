@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from trainfast.device import synchronize
+from trainfast.device import DeviceClock
 from trainfast.loader.cpus import available_cpus
 from trainfast.loader.make import make_loader
 from trainfast.samples import batch_samples
@@ -44,12 +44,11 @@ def _compute_rate(dataset: Any, batch_size: int, step_fn: StepFn, repeats: int =
     """Samples/s of the training step alone, replaying one cached batch: the most any loader could feed."""
     batch = next(iter(make_loader(dataset, batch_size, workers=0, shuffle=False, device=device)))
     step_fn(batch)  # warm-up
-    synchronize(device)  # the warm-up step's kernels are not the measured steps'
-    started = time.perf_counter()
+    clock = DeviceClock(device)
+    clock.start()  # the warm-up step's kernels are not the measured steps'
     for _ in range(repeats):
         step_fn(batch)
-    synchronize(device)
-    return repeats * batch_samples(batch) / (time.perf_counter() - started)
+    return repeats * batch_samples(batch) / clock.elapsed()
 
 
 def tune_loader(dataset: Any, batch_size: int, step_fn: StepFn | None = None, *, budget_s: float = 60.0,
