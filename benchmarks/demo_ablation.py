@@ -2,9 +2,12 @@
 
 Variants (same model, data and steps as `trainfast demo --quick`), interleaved, `--repeats` rounds:
   naive                 the seeds' loop: no workers, full decode, float32 samples, fp32, .item() every step
-  + workers/threads     make_loader + Trainer auto split of the cores, uint8 samples, full decode, NCHW
-  + channels_last       ... and the NHWC memory format for the ConvNet (oneDNN's fast layout)
-  + draft decode        ... and JPEGs decoded straight to the needed DCT scale (everything auto: the demo's run)
+  + workers/threads     make_loader + Trainer auto split of the cores, uint8 samples, full decode, NCHW, fp32
+  + channels_last       ... and the NHWC memory format for the ConvNet (oneDNN's fast layout; "auto": A/B-confirmed)
+  + draft decode        ... and JPEGs decoded straight to the needed DCT scale
+  + bf16 autocast       ... and precision "auto": bf16-mixed where the CPU has native bf16, confirmed by an A/B
+                        against fp32 on the first steps (everything auto: the demo's run)
+  + compile auto        ... and compile="auto" (only with --compile: each run pays a compile)
 
     python benchmarks/demo_ablation.py --json demo_ablation.json
 """
@@ -27,6 +30,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--compile", action="store_true", help="add the compile='auto' variant")
     args = parser.parse_args()
     logging.getLogger("trainfast").setLevel(logging.WARNING)
     root = ensure_demo_dataset(QUICK.dataset, seed=QUICK.seed)
@@ -43,11 +47,16 @@ def main() -> None:
     variants = {
         "naive": variant("naive", lambda: run_naive(QUICK, root, per_epoch)),
         "+ workers/threads": variant("+ workers/threads", lambda: run_trainfast(
-            QUICK, root, per_epoch, decode="full", channels_last=False)),
+            QUICK, root, per_epoch, decode="full", channels_last=False, precision="32-true")),
         "+ channels_last": variant("+ channels_last", lambda: run_trainfast(
-            QUICK, root, per_epoch, decode="full", channels_last="auto")),
-        "+ draft decode": variant("+ draft decode", lambda: run_trainfast(QUICK, root, per_epoch)),
+            QUICK, root, per_epoch, decode="full", channels_last="auto", precision="32-true")),
+        "+ draft decode": variant("+ draft decode", lambda: run_trainfast(QUICK, root, per_epoch,
+                                                                           precision="32-true")),
+        "+ bf16 autocast": variant("+ bf16 autocast", lambda: run_trainfast(QUICK, root, per_epoch)),
     }
+    if args.compile:
+        variants["+ compile auto"] = variant("+ compile auto", lambda: run_trainfast(QUICK, root, per_epoch,
+                                                                                     compile_model="auto"))
     rates = interleave(variants, repeats=args.repeats, warmup=0)
     rows = []
     print(describe(hardware()))

@@ -42,8 +42,10 @@ FULL = DemoSpec(dataset="default", epochs=2)
 
 
 def run_trainfast(spec: DemoSpec, root: Path, batches_per_epoch: int, *, decode: str = "draft",
-                  channels_last: bool | str = "auto") -> RunStats:
-    """Everything auto; `decode` and `channels_last` can be turned back, to see what each practice earns."""
+                  channels_last: bool | str = "auto", precision: str = "auto",
+                  compile_model: bool | str = False) -> RunStats:
+    """Everything auto; `decode`, `channels_last` and `precision` can be turned back, and compile on, to see what
+    each practice earns."""
     seed_all(spec.seed)
     model = build_model(spec.model, num_classes=10, image_size=spec.image_size)
     train = make_loader(ImageFolder(root / "train", image_size=spec.image_size, decode=decode), spec.batch_size,
@@ -52,7 +54,7 @@ def run_trainfast(spec: DemoSpec, root: Path, batches_per_epoch: int, *, decode:
                       shuffle=False)
     config = TrainConfig(epochs=spec.epochs, lr=spec.lr, weight_decay=spec.weight_decay, warmup_steps=spec.warmup_steps,
                          grad_clip=spec.grad_clip, seed=spec.seed, limit_batches=batches_per_epoch, cpu_threads="auto",
-                         channels_last=channels_last, progress=False)
+                         channels_last=channels_last, precision=precision, compile=compile_model, progress=False)
     result = Trainer(model, config=config).fit(train, val)
     return RunStats(name="trainfast", samples_per_s=result.samples_per_s, data_wait_fraction=result.data_wait_fraction,
                     steps=result.steps, final_loss=result.final_loss, val_accuracy=result.val_accuracy,

@@ -168,6 +168,9 @@ class Practices:
                 ab.guard = self._same_batch_losses(batch, loss_of, ab.settings)
             if ab.practice == "compile" and ab.cycle == 1:
                 self._compile(ab, batch, loss_of)
+                if ab.compile_error is not None:  # nothing compiled to time: decided now, this step is eager
+                    self._finish()
+                    return self.begin(batch, loss_of, cycle_start=True) if self._queue else batch
             self._apply(ab.practice, ab.setting())
         if ab.practice == "channels_last":
             batch = _inputs_as(batch, torch.channels_last if ab.setting() == "channels_last"
@@ -190,12 +193,15 @@ class Practices:
         ab.cycle += 1
         self._steps += 1
         if ab.cycle == CYCLES:
-            self._queue.pop(0)
-            choice = self._agree(self._decide(ab))
-            self._settle(choice)
-            log.info("%s=%s: %s", choice.practice, choice.chosen, choice.reason)
-            if self._queue:
-                self._apply(self._queue[0].practice, self._queue[0].setting())
+            self._finish()
+
+    def _finish(self) -> None:
+        """The A/B at the head of the queue decides (rank 0's decision on every rank); the next one starts."""
+        choice = self._agree(self._decide(self._queue.pop(0)))
+        self._settle(choice)
+        log.info("%s=%s: %s", choice.practice, choice.chosen, choice.reason)
+        if self._queue:
+            self._apply(self._queue[0].practice, self._queue[0].setting())
 
     # ------------------------------------------------------------------ decisions
     def _decide(self, ab: _AB) -> Choice:
@@ -233,11 +239,11 @@ class Practices:
         recompiles = now["frames"] - (now["frames"] if ab.frames_before is None else ab.frames_before)
         breaks = now["graph_breaks"] - ab.breaks_before
         eager, compiled = medians.get("eager", math.nan), medians.get("compiled", math.nan)
-        compile_s = max(0.0, ab.compile_s - eager) if math.isfinite(eager) else ab.compile_s
+        compile_s = max(0.0, ab.compile_s - eager) if math.isfinite(eager) else ab.compile_s  # less one step's time
         done = Choice("compile", "eager", "", medians, compile_s=compile_s, recompiles=recompiles,
                       graph_breaks=breaks)
         if ab.compile_error is not None:
-            return replace(done, reason=f"compilation failed: {ab.compile_error}")
+            return replace(done, reason=f"compilation failed after {compile_s:.1f} s: {ab.compile_error}")
         left = max(0, self._planned - self._steps)
         saved = (eager - compiled) * left
         figures = (f"eager {eager * 1e3:.1f} ms vs compiled {compiled * 1e3:.1f} ms per step, compile "

@@ -32,7 +32,8 @@ class Fault:
 
 
 class Slow(nn.Module):
-    """Sleeps in each forward (a slow step); writes `marker` at the third training forward (training is on)."""
+    """Sleeps in each forward (a slow step); writes `marker` at the third training forward (training is on and
+    gradients too: the precision A/B's loss check forwards without them)."""
 
     def __init__(self, seconds: float, marker: Path | None) -> None:
         super().__init__()
@@ -40,7 +41,7 @@ class Slow(nn.Module):
 
     def forward(self, t):
         time.sleep(self.seconds)
-        self.calls += self.training
+        self.calls += self.training and torch.is_grad_enabled()
         if self.marker is not None and self.calls == 3:
             self.marker.write_text("training")
         return t
