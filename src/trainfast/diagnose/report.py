@@ -22,6 +22,7 @@ from trainfast.dynamo import dynamo_counts
 from trainfast.loader.cpus import available_cpus
 from trainfast.monitor import percentile, sustained_growth_per_minute
 from trainfast.monitor.analysis import window_mean
+from trainfast.precision.policy import device_caps
 
 
 @dataclass
@@ -175,8 +176,10 @@ def _compile_counts(observed: Observations) -> tuple[bool, int, int]:
 
 
 def _bf16_native(device: str, index: int | None) -> bool:
-    """bf16 runs natively on the model's GPU (compute capability 8.0, Ampere, and later); the current device
-    may be another one."""
+    """bf16 runs natively on the model's GPU (compute capability 8.0, Ampere, and later; the current device may
+    be another one) or on this CPU (AMX, AVX512-BF16, ARM BF16)."""
+    if device == "cpu":
+        return device_caps(torch.device("cpu")).bf16
     return device == "cuda" and torch.cuda.get_device_capability(index) >= (8, 0)
 
 

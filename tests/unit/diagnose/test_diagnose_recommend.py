@@ -80,6 +80,7 @@ def test_cpu_threads_when_workers_and_threads_oversubscribe() -> None:
     ({"loaders": (loader(num_workers=4, prefetch_factor=2),), "fractions": INPUT_BOUND, "wait_spike_ratio": 5.0},
      "prefetch_factor", None),
     ({"device": "cuda"}, "amp", None),
+    ({"device": "cpu", "bf16_supported": True}, "amp", None),  # a CPU with native bf16 (AMX, AVX512-BF16, ARM)
     ({"device": "cuda", "autocast": (("cuda", "float16"),), "scaler_skip_fraction": 0.2, "bf16_supported": True},
      "bf16", None),
     ({"device": "cuda", "autocast": (("cuda", "bfloat16"),)}, "compile", "amp"),
@@ -101,7 +102,8 @@ def test_each_rule_fires_on_its_evidence(overrides: dict[str, Any], expected: st
 
 
 @pytest.mark.parametrize("overrides", [
-    {"device": "cpu"},                                                  # no AMP advice on the CPU
+    {"device": "cpu"},                                   # no AMP advice on a CPU without native bf16
+    {"device": "cpu", "bf16_supported": True, "autocast": (("cpu", "bfloat16"),)},  # already autocast
     {"device": "cuda", "conv_weights": 5, "conv_weights_channels_last": 5, "cudnn_benchmark": True,
      "autocast": (("cuda", "bfloat16"),),
      "compiled": True},
@@ -161,3 +163,10 @@ def test_fixes_the_doctor_can_inject_say_how() -> None:
     cuda = next(r for r in recommend(replace(e, device="cuda", cpus=8)) if r.id == "num_workers")
     assert cuda.overrides is not None and "threads" not in cuda.overrides
     assert rec.to_json()["measured_gain"] is None
+
+
+def test_cpu_bf16_advice_says_cpu_autocast_and_its_assumed_gain() -> None:
+    e = evidence(device="cpu", bf16_supported=True, fractions=Fractions(0, 0, 0.2, 0.8))
+    rec = next(r for r in recommend(e) if r.id == "amp")
+    assert "torch.autocast('cpu', dtype=torch.bfloat16)" in rec.fix and "bf16 natively" in rec.why
+    assert rec.expected_gain is not None and rec.expected_gain > 1.2
