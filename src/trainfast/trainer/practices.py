@@ -27,7 +27,11 @@ from trainfast.precision.policy import DeviceCaps, PrecisionPolicy, resolve_prec
 
 log = logging.getLogger("trainfast")
 TIMED = 3  # timed steps per setting, after its warm-up step: the median of 3 shrugs off one outlier
-CYCLES = 2 * (1 + TIMED)  # optimizer steps one A/B takes
+CYCLES = 2 * (1 + TIMED)  # optimizer steps one A/B takes at most
+# The prior is confirmed after one timed step each when it is this much faster: overturning it takes all TIMED
+# steps, confirming it by a wide margin need not (the slower setting's steps are the A/B's cost: ~5 % of the
+# quick demo's 75 steps with both A/Bs run in full, half that when they end early).
+CONFIRM_EARLY = 1.3
 MARGIN = 0.03  # a setting that is not this much faster keeps the prior (for precision: fp32, the exact one)
 # An A/B runs only in a run of at least this many times its steps: at most 1/6 of the run's steps are then taken
 # in the slower setting, which costs ~3 % of the run when that setting is 1.2x slower (the bf16/fp32 ratio of the
@@ -192,7 +196,7 @@ class Practices:
             ab.frames_before = dynamo_counts()["frames"]  # recompiles count from the measured compiled steps on
         ab.cycle += 1
         self._steps += 1
-        if ab.cycle == CYCLES:
+        if ab.cycle == CYCLES or (ab.cycle == 4 and _confirmed_early(ab)):
             self._finish()
 
     def _finish(self) -> None:
@@ -215,13 +219,13 @@ class Practices:
             chosen = alt if faster else prior
             why = (f"{ratio:.2f}x the speed of {prior} here" if faster
                    else f"kept: {alt} ran at {ratio:.2f}x its speed (needs {1 + MARGIN:.2f}x)")
-            return Choice("channels_last", chosen, f"{why} ({_ms(medians)}, median of {TIMED})", medians)
+            return Choice("channels_last", chosen, f"{why} ({_ms(medians)}{_of(ab)})", medians)
         return self._decide_compile(ab, medians)
 
     def _decide_precision(self, ab: _AB, medians: dict[str, float]) -> Choice:
         mixed, fp32 = ab.settings
         ratio = medians[fp32] / medians[mixed]
-        figures = f"({_ms(medians)}, median of {TIMED})"
+        figures = f"({_ms(medians)}{_of(ab)})"
         off = _loss_gap(ab.guard.get(mixed), ab.guard.get(fp32))
         if off is not None:
             return Choice("precision", fp32, f"refused {mixed}: its loss on the first batch is {off} (fp32: "
@@ -255,7 +259,8 @@ class Practices:
         if not all(math.isfinite(x) for x in ab.losses):
             why = "the compiled steps' loss was not finite"
         elif recompiles > RECOMPILE_LIMIT:
-            why = f"{recompiles} recompiles over {TIMED} measured steps (limit {RECOMPILE_LIMIT})"
+            timed = len(ab.times.get("compiled", []))
+            why = f"{recompiles} recompiles over {timed} measured compiled steps (limit {RECOMPILE_LIMIT})"
         elif breaks > GRAPH_BREAK_LIMIT:
             why = f"{breaks} graph breaks (limit {GRAPH_BREAK_LIMIT})"
         elif not compiled < eager * (1 - MARGIN):
@@ -383,6 +388,17 @@ def _inputs_as(batch: Any, fmt: torch.memory_format) -> Any:
     if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor) and batch[0].dim() == 4:
         return type(batch)((batch[0].contiguous(memory_format=fmt), *batch[1:]))
     return batch
+
+
+def _confirmed_early(ab: _AB) -> bool:
+    """After one timed step of each setting: is the prior at least `CONFIRM_EARLY` times as fast?"""
+    prior, alt = (ab.times.get(name, [math.nan])[0] for name in ab.settings)
+    return prior * CONFIRM_EARLY <= alt
+
+
+def _of(ab: _AB) -> str:
+    n = min(len(ts) for ts in ab.times.values()) if ab.times else 0
+    return ", one step each: the prior confirmed early" if n == 1 else f", median of {n}"
 
 
 def _layout(channels_last: bool) -> str:
