@@ -101,6 +101,7 @@ class Practices:
         self._cycle_s = 0.0
         self._planned = 0
         self._steps = 0
+        self._eager_step_s: float | None = None
         self._agree: Callable[[Any], Any] = lambda x: x
 
     @property
@@ -242,6 +243,8 @@ class Practices:
         now = dynamo_counts()
         recompiles = now["frames"] - (now["frames"] if ab.frames_before is None else ab.frames_before)
         breaks = now["graph_breaks"] - ab.breaks_before
+        if "eager" not in medians and self._eager_step_s is not None:  # a failed compile ended the A/B early
+            medians = {"eager": self._eager_step_s, **medians}
         eager, compiled = medians.get("eager", math.nan), medians.get("compiled", math.nan)
         compile_s = max(0.0, ab.compile_s - eager) if math.isfinite(eager) else ab.compile_s  # less one step's time
         done = Choice("compile", "eager", "", medians, compile_s=compile_s, recompiles=recompiles,
@@ -283,6 +286,8 @@ class Practices:
 
     def _settle(self, choice: Choice) -> None:
         self.choices[choice.practice] = choice
+        if choice.chosen in choice.step_s and choice.practice != "compile":
+            self._eager_step_s = choice.step_s[choice.chosen]  # the eager step, as the settings now stand
         if choice.practice == "compile" and choice.chosen == "compiled" and self.compiled is None:
             self.compiled = cast(nn.Module, torch.compile(self.eager))
         self._apply(choice.practice, choice.chosen)

@@ -298,3 +298,12 @@ def test_distributed_ranks_take_rank_zero_s_choice(native_bf16: None, monkeypatc
     result = trainer.fit(loader(30))
     assert result.precision is not None and result.precision["chosen"] == "32-true"
     assert trainer.precision.name == "32-true"
+
+
+def test_a_failed_compile_reports_the_eager_step_its_preceding_ab_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_compile(monkeypatch, "fail")
+    result = fit(Sleepy(nhwc_slow), precision="32-true", channels_last="auto", compile="auto")
+    layout, block = result["channels_last"], compile_block(result)
+    assert isinstance(layout, dict) and layout["chosen"] == "contiguous"
+    assert block["chosen"] == "eager" and block["compiled_step_s"] is None
+    assert block["eager_step_s"] == layout["step_s"]["contiguous"]
