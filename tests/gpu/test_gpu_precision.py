@@ -84,3 +84,37 @@ def test_auto_precision_trains_on_the_gpu() -> None:
     if tf32:
         assert settings.inside == ("high", True), "TF32 was not on during fit"
     assert torch.get_float32_matmul_precision() == matmul_before  # put back when fit ends
+
+
+class SmallConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+                                 nn.Conv2d(32, 64, 3, padding=1, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                                 nn.Flatten(), nn.Linear(64, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.net(x)
+        return out
+
+
+@pytest.mark.gpu
+def test_precision_channels_last_and_compile_are_measured_on_the_gpu() -> None:
+    """The A/Bs time CUDA steps (device synchronised) and report both settings; compile 'auto' reports its figures
+    or the reason it fell back."""
+    name, _, scaler, _ = expected_auto()
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64 * 40, 3, 32, 32, generator=generator), torch.randint(0, 4, (64 * 40,), generator=generator)
+    seed_all(0)
+    config = TrainConfig(epochs=1, device="cuda", progress=False, compile="auto")
+    result = Trainer(SmallConvNet(), config=config).fit(make_loader((x, y), 64)).to_json()
+    precision, layout, compiled = result["precision"], result["channels_last"], result["compile"]
+    if not scaler:  # bf16 is measured against fp32 (with TF32); fp16 with a scaler is not
+        assert precision["measured"] and set(precision["step_s"]) == {name, "32-true"}, precision
+        assert all(s > 0 for s in precision["step_s"].values())
+    assert layout["measured"] and set(layout["step_s"]) == {"channels_last", "contiguous"}, layout
+    assert compiled["eager_step_s"] and compiled["eager_step_s"] > 0, compiled
+    if not compiled["reason"].startswith("compilation failed"):
+        assert compiled["compiled_step_s"] > 0 and compiled["compile_s"] > 0, compiled
+        assert isinstance(compiled["recompiles"], int) and isinstance(compiled["graph_breaks"], int)
+    assert math.isfinite(result["final_loss"])
