@@ -29,6 +29,7 @@ from trainfast.data.models import ConvNet
 from trainfast.device import synchronize
 from trainfast.precision.policy import LossScaler, device_caps, resolve_precision
 from trainfast.trainer.optimizer import default_optimizer
+from trainfast.trainer.step import forward_backward, optimizer_step
 
 
 def step_rate(device: torch.device, *, precision: str, channels_last: bool, compile_model: bool, widths: list[int],
@@ -41,15 +42,14 @@ def step_rate(device: torch.device, *, precision: str, channels_last: bool, comp
     policy = resolve_precision(precision, device_caps(device))
     scaler = LossScaler(device, policy.needs_scaler)
     run = torch.compile(model) if compile_model else model
+    params = [p for p in model.parameters() if p.requires_grad]
     x = torch.randn(batch_size, 3, image_size, image_size, device=device).contiguous(memory_format=fmt)
     y = torch.randint(0, 10, (batch_size,), device=device)
 
     def one_step() -> None:
-        with policy.autocast():
-            loss = F.cross_entropy(run(x), y)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        optimizer.zero_grad(set_to_none=True)
+        forward_backward(run, (x, y), lambda model, batch: F.cross_entropy(model(batch[0]), batch[1]),
+                         policy.autocast(), scaler)
+        optimizer_step(optimizer, scaler, params, None)
 
     def measure() -> float:
         for _ in range(warmup):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ from trainfast.loader.prefetch import InputTransform, move
 from trainfast.monitor import Monitor
 from trainfast.samples import batch_samples, first_leaf
 from trainfast.trainer.settings import torch_settings
+from trainfast.trainer.step import forward_backward
 
 
 def _output_field(out: Any, name: str) -> Any:
@@ -74,18 +76,19 @@ def _forward_backward(model: nn.Module, loader: Any) -> Callable[[Any], None]:
     transform = InputTransform(device, getattr(loader, "normalize", None), channels_last=False)
     pass_labels = _takes_labels(model)
 
-    def step(batch: Any) -> None:
+    def loss_of(model: nn.Module, batch: Any) -> torch.Tensor:
         if isinstance(batch, Mapping):
-            kwargs = move(batch, device)
-            labels = kwargs.get("labels")
-            out = model(**(kwargs if pass_labels else {k: v for k, v in kwargs.items() if k != "labels"}))
-            loss = _mapping_loss(out, labels)
-        else:
-            inputs, targets = transform(move(batch, device))
-            out = model(inputs)
-            is_class = out.dim() == 2 and targets.dim() == 1 and not targets.is_floating_point()
-            loss = F.cross_entropy(out, targets) if is_class else out.float().mean()
-        loss.backward()
+            labels = batch.get("labels")
+            out = model(**(batch if pass_labels else {k: v for k, v in batch.items() if k != "labels"}))
+            return _mapping_loss(out, labels)
+        inputs, targets = batch
+        out = model(inputs)
+        is_class = out.dim() == 2 and targets.dim() == 1 and not targets.is_floating_point()
+        return F.cross_entropy(out, targets) if is_class else out.float().mean()
+
+    def step(batch: Any) -> None:
+        batch = move(batch, device) if isinstance(batch, Mapping) else transform(move(batch, device))
+        forward_backward(model, batch, loss_of, nullcontext())
         model.zero_grad(set_to_none=True)
     return step
 

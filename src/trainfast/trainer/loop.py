@@ -59,12 +59,13 @@ from trainfast.trainer.distributed import (
 )
 from trainfast.trainer.feeding import batches_per_epoch, check_sharding, closing, position, prefetch
 from trainfast.trainer.optimizer import default_optimizer
-from trainfast.trainer.practices import Practices
+from trainfast.trainer.practices import Practices, resolve_channels_last
 from trainfast.trainer.progress import ProgressReporter
 from trainfast.trainer.result import FitResult
 from trainfast.trainer.schedule import warmup_cosine
 from trainfast.trainer.settings import torch_settings
 from trainfast.trainer.signals import EXIT_CODE, StopSchedule, StopSignal, parse_signals, workers_ignore
+from trainfast.trainer.step import forward_backward, optimizer_step
 
 log = logging.getLogger("trainfast")
 RATE_WINDOW = 50  # steps over which the progress display averages samples/s and data wait
@@ -257,15 +258,9 @@ class Trainer:
                 batch = practices.begin(batch, self._loss, cycle_start=b % acc == 0)
                 model, autocast = practices.current()
             with self._sync_grads(boundary):
-                with autocast:
-                    loss = self._loss(model, batch)
-                self.scaler.scale(loss / acc if acc > 1 else loss).backward()
+                loss = forward_backward(model, batch, self._loss, autocast, self.scaler, acc)
             if boundary:
-                if cfg.grad_clip is not None:
-                    self.scaler.unscale_(self.optimizer)
-                    torch.nn.utils.clip_grad_norm_(self._params, cfg.grad_clip)
-                self.scaler.step(self.optimizer)
-                self.optimizer.zero_grad(set_to_none=True)
+                optimizer_step(self.optimizer, self.scaler, self._params, cfg.grad_clip)
                 self._schedule_step()
                 self.step += 1
             if practices.measuring:
@@ -529,14 +524,3 @@ class Trainer:
         log.info("cpu_threads=%d: %d usable CPUs shared with %d loader worker(s)", chosen, cpus, workers)
         return chosen
 
-
-def resolve_channels_last(setting: bool | str, model: nn.Module, device: torch.device, mixed: bool) -> bool:
-    """'auto': NHWC for conv nets on the CPU (oneDNN's fast layout: 1.6x on the demo ConvNet here) or with
-    mixed precision on CUDA (tensor cores read NHWC); plain fp32 CUDA convs gain little and can lose."""
-    if setting != "auto":
-        return bool(setting)
-    has_conv = any(isinstance(m, nn.Conv2d) for m in model.modules())
-    chosen = has_conv and (device.type == "cpu" or mixed)
-    if has_conv:
-        log.info("channels_last=%s (conv net, %s%s)", chosen, device.type, ", mixed precision" if mixed else "")
-    return chosen

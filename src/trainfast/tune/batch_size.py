@@ -32,6 +32,7 @@ from trainfast.oom import EXPANDABLE, MemorySnapshot, first_line, fragmented, is
 from trainfast.oom import memory_at_oom as _memory_at_oom  # a module global: tests fake it
 from trainfast.oom import requested_bytes as _requested_bytes
 from trainfast.precision.policy import PrecisionPolicy, device_caps, resolve_precision
+from trainfast.trainer.step import forward_backward
 
 log = logging.getLogger("trainfast")
 StepFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -166,10 +167,13 @@ def _train_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | 
     x = _repeat(inputs, batch)
     y = None if targets is None else _repeat(targets, batch)
     with torch.enable_grad():
-        with policy.autocast():
-            loss = step_fn(model, x if y is None else (x, y)) if step_fn is not None else default_loss(model, x, y)
-        loss.backward()  # outside autocast, as in training
+        forward_backward(model, x if y is None else (x, y), step_fn or _default_loss_of, policy.autocast())
     synchronize(x.device)  # an asynchronous failure belongs to this try, and so does its time
+
+
+def _default_loss_of(model: nn.Module, batch: Any) -> torch.Tensor:
+    """`default_loss` for a batch of inputs alone or of (inputs, targets)."""
+    return default_loss(model, *batch) if isinstance(batch, tuple) else default_loss(model, batch, None)
 
 
 def default_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
