@@ -2,8 +2,6 @@
 
 import logging as _logging
 
-__version__ = "0.1.0"
-
 from trainfast.data import ImageFolder, build_model, ensure_demo_dataset
 from trainfast.diagnose import Doctor, Report, diagnose
 from trainfast.loader import DevicePrefetcher, make_loader
@@ -11,6 +9,7 @@ from trainfast.monitor import Monitor
 from trainfast.precision import PrecisionPolicy, resolve_precision
 from trainfast.trainer import FitResult, TrainConfig, Trainer
 from trainfast.tune import TuneResult, find_batch_size, tune_loader
+from trainfast.version import __version__
 
 # Like other training libraries: our INFO lines (what "auto" chose, progress) reach stderr unless the
 # application has configured logging itself.

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from trainfast.cache import cache_root
 from trainfast.loader.cpus import affinity_cpus
 
 CLASSES = ("circle", "square", "triangle", "ring", "cross", "star", "diamond", "hexagon",
@@ -40,12 +41,6 @@ SIZES = {
     "quick": DemoSize(name="quick", train_per_class=160, val_per_class=40),
     "default": DemoSize(name="default", train_per_class=1000, val_per_class=100),
 }
-
-
-def cache_root() -> Path:
-    """`$TRAINFAST_CACHE`, else `~/.cache/trainfast`."""
-    env = os.environ.get("TRAINFAST_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "trainfast"
 
 
 def demo_dir(size: str = "quick", seed: int = 0) -> Path:

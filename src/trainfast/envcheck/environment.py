@@ -12,7 +12,6 @@ from typing import Any
 import psutil
 import torch
 
-from trainfast import __version__
 from trainfast.envcheck.checks import (
     UNLIMITED,
     Check,
@@ -34,6 +33,7 @@ from trainfast.envcheck.checks import (
     tf32_check,
 )
 from trainfast.loader.cpus import affinity_cpus, cgroup_cpu_limit, usable_cpus
+from trainfast.version import __version__
 
 # The JSON fields `environment()` always has (a contract for tools that read `trainfast env --json`).
 CONTRACT_FIELDS = ("python", "torch", "cuda_available", "cpu_count", "cpu_affinity", "cgroup_cpu_limit",

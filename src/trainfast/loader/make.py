@@ -24,6 +24,8 @@ from trainfast.loader.cpus import available_cpus
 from trainfast.loader.faults import LoaderError, explain_failure, fit_shared_memory
 from trainfast.loader.memory import TensorLoader
 from trainfast.loader.seeding import seed_all, seeded
+from trainfast.loader.tuned import LoaderConfig
+from trainfast.loader.tuned import load as tuned_config
 
 log = logging.getLogger("trainfast")
 Tuned = Literal["tuned"]
@@ -253,16 +255,13 @@ def _fit_shared_memory(plan: LoaderPlan, tensors: tuple[torch.Tensor, ...] | Non
     return plan
 
 
-def _tuned_settings(dataset: Any, batch_size: int, target: str) -> Any:
-    """The tuner's chosen configuration for this dataset and batch size on this machine, if any."""
-    from trainfast.tune.result import load  # imported here: the tuner itself builds loaders with make_loader
-
-    result = load(dataset, batch_size, device=target)
-    if result is None:
+def _tuned_settings(dataset: Any, batch_size: int, target: str) -> LoaderConfig | None:
+    """The configuration `trainfast tune` chose for this dataset and batch size on this machine, if any."""
+    chosen = tuned_config(dataset, batch_size, device=target)
+    if chosen is None:
         log.info("make_loader: workers='tuned' but no tuning result for this dataset and batch size on this "
                  "machine (run `trainfast tune`); using 'auto'")
-        return None
-    return result.chosen
+    return chosen
 
 
 def _identity(batch: Any) -> Any:

@@ -31,6 +31,7 @@ import torch
 
 from trainfast.atomic import TEMP_PREFIX, atomic_copy, atomic_write
 from trainfast.envcheck.checks import format_bytes, read_free_bytes
+from trainfast.version import __version__
 
 log = logging.getLogger("trainfast")
 # Beyond the model and optimizer tensors a checkpoint holds RNG states, the config and zip headers: 18 KiB
@@ -254,7 +255,5 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def versions() -> dict[str, str]:
-    from trainfast import __version__
-
     return {"trainfast": __version__, "torch": str(torch.__version__), "numpy": np.__version__,
             "python": platform.python_version(), "cuda": str(torch.version.cuda)}

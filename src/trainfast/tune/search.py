@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
-from trainfast.tune.trial import LoaderConfig, Trial
+from trainfast.loader.tuned import LoaderConfig
+from trainfast.tune.trial import Trial
 
 # A worker that adds less than this is not worth its core and memory (the noise between runs here is ~3 %).
 GAIN = 0.05

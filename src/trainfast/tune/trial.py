@@ -4,43 +4,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from trainfast.device import DeviceClock
 from trainfast.loader.make import make_loader
+from trainfast.loader.tuned import LoaderConfig as LoaderConfig  # re-exported: what a trial measures
 from trainfast.samples import batch_samples
 from trainfast.trainer.settings import torch_settings
 
 StepFn = Callable[[Any], Any]
-
-
-@dataclass(frozen=True, order=True)
-class LoaderConfig:
-    """What the tuner varies. Ordered cheapest first for a CPU target: fewer workers, fewer prefetched batches, no
-    pinning (on CUDA pinning is the default and costs nothing: `search.cheapest_within(cuda=True)`)."""
-
-    num_workers: int
-    prefetch_factor: int | None = None
-    pin_memory: bool = False
-    cpu_threads: int | None = None  # intra-op threads while training on the CPU; None leaves torch's setting
-
-    def label(self) -> str:
-        parts = [f"workers={self.num_workers}"]
-        if self.num_workers:
-            parts.append(f"prefetch={self.prefetch_factor}")
-        if self.pin_memory:
-            parts.append("pinned")
-        if self.cpu_threads is not None:
-            parts.append(f"threads={self.cpu_threads}")
-        return " ".join(parts)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LoaderConfig:
-        return cls(**{k: data[k] for k in ("num_workers", "prefetch_factor", "pin_memory", "cpu_threads")})
 
 
 @dataclass(frozen=True)

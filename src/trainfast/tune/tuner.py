@@ -13,11 +13,12 @@ import torch
 from trainfast.device import DeviceClock
 from trainfast.loader.cpus import available_cpus
 from trainfast.loader.make import make_loader
+from trainfast.loader.tuned import LoaderConfig, cache_key
 from trainfast.samples import batch_samples
 from trainfast.tune import result as cache
 from trainfast.tune.result import TuneResult
 from trainfast.tune.search import cheapest_within, search
-from trainfast.tune.trial import LoaderConfig, StepFn, Trial, run_trial
+from trainfast.tune.trial import StepFn, Trial, run_trial
 
 log = logging.getLogger("trainfast")
 progress = logging.getLogger("trainfast.tune")  # stays audible while make_loader's explanations are muted
@@ -86,7 +87,7 @@ def tune_loader(dataset: Any, batch_size: int, step_fn: StepFn | None = None, *,
                         cuda=target == "cuda", budget_s=max(remaining, 0.0), compute_rate=compute_rate)
     baseline = trials[0]
     chosen = cheapest_within(trials, cuda=target == "cuda")
-    key, describes = cache.cache_key(dataset, batch_size, with_step=step_fn is not None, device=target)
+    key, describes = cache_key(dataset, batch_size, with_step=step_fn is not None, device=target)
     describes["compute_only_samples_per_s"] = compute_rate
     result = TuneResult(chosen.config, chosen.samples_per_s, baseline.config, baseline.samples_per_s, trials,
                         time.perf_counter() - started, key, describes)

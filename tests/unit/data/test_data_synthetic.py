@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from trainfast.cache import cache_root
 from trainfast.data import synthetic
-from trainfast.data.synthetic import CLASSES, SIZES, DemoSize, cache_root, demo_dir, draw_image, ensure_demo_dataset
+from trainfast.data.synthetic import CLASSES, SIZES, DemoSize, demo_dir, draw_image, ensure_demo_dataset
 
 SMALL = DemoSize(name="t", train_per_class=2, val_per_class=1)
 

@@ -9,9 +9,10 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
+from trainfast.loader.tuned import LoaderConfig
 from trainfast.tune import trial as trial_module
 from trainfast.tune import tuner
-from trainfast.tune.trial import LoaderConfig, run_trial
+from trainfast.tune.trial import run_trial
 
 
 class Tokens(Dataset[dict[str, torch.Tensor]]):

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from trainfast.loader.tuned import LoaderConfig
 from trainfast.tune.search import cheapest_within, search
-from trainfast.tune.trial import LoaderConfig, Trial
+from trainfast.tune.trial import Trial
 
 
 def fake_measure(rates: dict[int, float], unpinned: float = 1.0):  # type: ignore[no-untyped-def]

@@ -13,9 +13,11 @@ from torch import nn
 
 from trainfast import make_loader
 from trainfast.data.images import ImageFolder
-from trainfast.tune import result as cache
+from trainfast.loader import tuned as cache
+from trainfast.loader.tuned import LoaderConfig
+from trainfast.tune import result as tune_result
 from trainfast.tune.search import cheapest_within, search
-from trainfast.tune.trial import LoaderConfig, Trial
+from trainfast.tune.trial import Trial
 from trainfast.tune.tuner import tune_loader
 
 
@@ -130,6 +132,7 @@ def test_unreadable_cache_is_ignored(tiny_images: Path, cache_dir: Path) -> None
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
     assert cache.load(dataset, 8, device="cpu") is None
+    assert tune_result.load(dataset, 8, device="cpu") is None
 
 
 def test_fingerprints_tell_datasets_apart(tiny_images: Path) -> None:

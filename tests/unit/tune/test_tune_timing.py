@@ -12,10 +12,11 @@ import torch
 from torch import nn
 
 from trainfast import device as device_module
+from trainfast.loader.tuned import LoaderConfig
 from trainfast.tune import batch_size as bs
 from trainfast.tune import trial as trial_module
 from trainfast.tune import tuner
-from trainfast.tune.trial import LoaderConfig, run_trial
+from trainfast.tune.trial import run_trial
 
 Events = list[tuple[Any, ...]]
 SYNC, CLOCK = ("sync", "cuda:1"), ("clock",)

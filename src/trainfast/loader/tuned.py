@@ -1,0 +1,122 @@
+"""The tuned loader settings: `LoaderConfig`, and the cache `trainfast tune` writes and `workers="tuned"` reads.
+
+One JSON file per (dataset, batch size, step, device, hardware) under $TRAINFAST_CACHE/tune, named by a digest of
+those parts. The tuner (`trainfast.tune`) writes its whole result there with `save`; `make_loader` only needs
+the record's `chosen` configuration (`load`). This module imports nothing from the tuner: the tuner builds its
+trial loaders with `make_loader`, so the settings come down to the loader, never the other way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from trainfast.atomic import write_json
+from trainfast.cache import cache_root
+from trainfast.loader.cpus import available_cpus
+
+log = logging.getLogger("trainfast")
+FORMAT = 1  # bump when the meaning of a cached result changes
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, order=True)
+class LoaderConfig:
+    """What the tuner varies. Ordered cheapest first for a CPU target: fewer workers, fewer prefetched batches, no
+    pinning (on CUDA pinning is the default and costs nothing: `trainfast.tune.search.cheapest_within(cuda=True)`)."""
+
+    num_workers: int
+    prefetch_factor: int | None = None
+    pin_memory: bool = False
+    cpu_threads: int | None = None  # intra-op threads while training on the CPU; None leaves torch's setting
+
+    def label(self) -> str:
+        parts = [f"workers={self.num_workers}"]
+        if self.num_workers:
+            parts.append(f"prefetch={self.prefetch_factor}")
+        if self.pin_memory:
+            parts.append("pinned")
+        if self.cpu_threads is not None:
+            parts.append(f"threads={self.cpu_threads}")
+        return " ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LoaderConfig:
+        """The configuration `to_json` wrote; ValueError when a field has the wrong type or range (a record
+        edited or damaged by hand), so that a bad file is skipped instead of reaching the DataLoader."""
+        config = cls(**{k: data[k] for k in ("num_workers", "prefetch_factor", "pin_memory", "cpu_threads")})
+        if not (_count(config.num_workers, 0) and (config.prefetch_factor is None or _count(config.prefetch_factor, 1))
+                and isinstance(config.pin_memory, bool)
+                and (config.cpu_threads is None or _count(config.cpu_threads, 1))):
+            raise ValueError(f"not a loader configuration: {data!r}")
+        return config
+
+
+def _count(value: Any, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def dataset_fingerprint(dataset: Any) -> str:
+    """What identifies a dataset across runs: its type, length, and root folder or tensor shapes."""
+    if isinstance(dataset, (tuple, list)) and dataset and all(isinstance(t, torch.Tensor) for t in dataset):
+        return "tensors:" + ";".join(f"{tuple(t.shape)}:{t.dtype}" for t in dataset)
+    tensors = getattr(dataset, "tensors", None)
+    if isinstance(tensors, tuple):
+        return "TensorDataset:" + ";".join(f"{tuple(t.shape)}:{t.dtype}" for t in tensors)
+    kind = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
+    root = getattr(dataset, "root", None)
+    extra = ":".join(str(getattr(dataset, a)) for a in ("image_size", "train", "decode") if hasattr(dataset, a))
+    return f"{kind}:{len(dataset)}:{Path(root).resolve() if root else ''}:{extra}"
+
+
+def hardware_signature() -> str:
+    gpus = ",".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())) \
+        if torch.cuda.is_available() else "cpu"
+    return f"cpus={available_cpus()};gpus={gpus};torch={torch.__version__}"
+
+
+def cache_key(dataset: Any, batch_size: int, *, with_step: bool, device: str) -> tuple[str, dict[str, Any]]:
+    """The file name's digest, and what it was made from (kept in the file, for people)."""
+    describes = {"dataset": dataset_fingerprint(dataset), "batch_size": batch_size, "with_step": with_step,
+                 "device": device, "hardware": hardware_signature(), "format": FORMAT}
+    digest = hashlib.sha256(json.dumps(describes, sort_keys=True).encode()).hexdigest()[:20]
+    return digest, describes
+
+
+def cache_path(key: str) -> Path:
+    return cache_root() / "tune" / f"{key}.json"
+
+
+def save(key: str, record: dict[str, Any]) -> Path:
+    """Write a tuning record (`TuneResult.to_json()`: at least `chosen`) under `key`, atomically."""
+    return write_json(cache_path(key), record)
+
+
+def read(dataset: Any, batch_size: int, *, device: str, parse: Callable[[dict[str, Any]], T]) -> T | None:
+    """`parse` of the cached record for this dataset and batch size on this machine: the one tuned with a
+    training step if there is one, else of the loader alone; None when it was never tuned. An unreadable
+    record is skipped with a warning."""
+    for with_step in (True, False):
+        key, _ = cache_key(dataset, batch_size, with_step=with_step, device=device)
+        path = cache_path(key)
+        if path.is_file():
+            try:
+                return parse(json.loads(path.read_text()))
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log.warning("ignoring unreadable tuning result %s (%s); run trainfast tune again", path, e)
+    return None
+
+
+def load(dataset: Any, batch_size: int, *, device: str) -> LoaderConfig | None:
+    """The configuration `trainfast tune` chose for this dataset and batch size on this machine, if any."""
+    return read(dataset, batch_size, device=device, parse=lambda record: LoaderConfig.from_json(record["chosen"]))
