@@ -82,10 +82,6 @@ def test_invalid_precision_lists_every_choice(requested: str) -> None:
         resolve_precision(requested, CPU)
 
 
-def test_precisions_constant() -> None:
-    assert PRECISIONS == ("auto", "bf16-mixed", "16-mixed", "32-true")
-
-
 @pytest.mark.parametrize("feature", [None, "AMX-BF16", "AVX512-BF16", "ARM BF16"])
 def test_device_caps_on_cpu(monkeypatch: pytest.MonkeyPatch, feature: str | None) -> None:
     monkeypatch.setattr(cpufeatures, "cpu_bf16", lambda: feature)
