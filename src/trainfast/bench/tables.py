@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainfast.bench.hardware import describe
+from trainfast.units import format_bytes
 
 MISSING = "–"
 
@@ -26,14 +27,6 @@ class Cells:
     rows: list[list[str]]
     best: int | None
     notes: list[str]
-
-
-def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return MISSING
-    if n >= 2**30:
-        return f"{n / 2**30:.2f} GiB"
-    return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n / 2**10:,.0f} KiB"
 
 
 def fmt_rate(x: float | None) -> str:
@@ -106,7 +99,7 @@ def precision_cells(report: dict[str, Any]) -> Cells:
             body.append([r["precision"], str(r["batch_size"]), "OOM", MISSING, MISSING])
             continue
         speed = r.get("speed_vs_fp32")
-        body.append([r["precision"], str(r["batch_size"]), fmt_bytes(r["peak_mem_bytes"]),
+        body.append([r["precision"], str(r["batch_size"]), format_bytes(r["peak_mem_bytes"], missing=MISSING),
                      fmt_rate(r["samples_per_s"]), MISSING if speed is None else f"{speed:.2f}x"])
     timed = [i for i, r in enumerate(rows) if r.get("samples_per_s")]
     best = max(timed, key=lambda i: rows[i]["samples_per_s"]) if timed else None

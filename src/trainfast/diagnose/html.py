@@ -7,13 +7,13 @@ from the report is escaped, because script arguments and error messages are user
 
 from __future__ import annotations
 
-import html
 import math
 import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from trainfast.diagnose.svg import line_chart_svg, stacked_bars_svg
+from trainfast.diagnose.svg import escape, line_chart_svg, stacked_bars_svg
+from trainfast.units import format_bytes
 
 NA = "n/a"
 MAX_BARS = 400  # timeline bars drawn at most; above this, each bar averages consecutive steps
@@ -95,11 +95,6 @@ footer{color:#8b949e;font-size:12px;text-align:center;margin-top:22px}
 # --- reading the report defensively ------------------------------------------------------------------------
 
 
-def _e(value: object) -> str:
-    """Any value as escaped HTML text."""
-    return html.escape(str(value), quote=True)
-
-
 def _dict(value: object) -> dict[str, Any]:
     return {str(k): v for k, v in value.items()} if isinstance(value, Mapping) else {}
 
@@ -144,10 +139,7 @@ def _bytes(value: object) -> str:
     number = _num(value)
     if number is None:
         return NA
-    for unit, size in (("GiB", 1024**3), ("MiB", MIB), ("KiB", 1024)):
-        if abs(number) >= size:
-            return f"{number / size:,.1f} {unit}"
-    return f"{number:,.0f} B"
+    return format_bytes(number)
 
 
 def _legend(items: Iterable[tuple[str, str]]) -> str:
@@ -156,7 +148,7 @@ def _legend(items: Iterable[tuple[str, str]]) -> str:
 
 
 def _section(title: str, body: str, anchor: str) -> str:
-    return f'<section id="{anchor}"><h2>{_e(title)}</h2>{body}</section>'
+    return f'<section id="{anchor}"><h2>{escape(title)}</h2>{body}</section>'
 
 
 def _header(report: dict[str, Any]) -> str:
@@ -170,15 +162,15 @@ def _header(report: dict[str, Any]) -> str:
             args_text = shlex.join(str(a) for a in args)
         else:
             args_text = "" if args is None else str(args)
-        parts.append(f"<code>{_e(' '.join(filter(None, [str(target), args_text])))}</code>")
+        parts.append(f"<code>{escape(' '.join(filter(None, [str(target), args_text])))}</code>")
     outcome = script.get("outcome")
     if outcome not in (None, ""):
         code = script.get("exit_code")
-        parts.append(f"run: {_e(outcome)}" + (f" (exit code {_e(code)})" if code is not None else ""))
+        parts.append(f"run: {escape(outcome)}" + (f" (exit code {escape(code)})" if code is not None else ""))
     sub = f'<div class="sub">{" · ".join(parts)}</div>' if parts else ""
-    errors = "".join(f"<details><summary>{_e(key)}</summary><pre>{_e(script[key])}</pre></details>"
+    errors = "".join(f"<details><summary>{escape(key)}</summary><pre>{escape(script[key])}</pre></details>"
                      for key in ("error", "traceback") if script.get(key) not in (None, ""))
-    return f"<header><h1>{_e(title)}</h1>{sub}{_oom(report)}{errors}</header>"
+    return f"<header><h1>{escape(title)}</h1>{sub}{_oom(report)}{errors}</header>"
 
 
 def _oom(report: dict[str, Any]) -> str:
@@ -187,12 +179,12 @@ def _oom(report: dict[str, Any]) -> str:
     if not isinstance(oom, Mapping):
         return ""
     step, device = oom.get("step"), oom.get("device")
-    where = (f"at step {_e(step)}" if step not in (None, "") else "before its first training step") + (
-        f" on {_e(device)}" if device not in (None, "") else "")
+    where = (f"at step {escape(step)}" if step not in (None, "") else "before its first training step") + (
+        f" on {escape(device)}" if device not in (None, "") else "")
     message = str(oom.get("message") or "out of memory").rstrip(".")
     advice = oom.get("advice")
-    return (f'<p class="oom"><strong>The script ran out of memory {where}</strong>: {_e(message)}.'
-            + (f" {_e(str(advice).rstrip('.'))}." if advice not in (None, "") else "") + "</p>")
+    return (f'<p class="oom"><strong>The script ran out of memory {where}</strong>: {escape(message)}.'
+            + (f" {escape(str(advice).rstrip('.'))}." if advice not in (None, "") else "") + "</p>")
 
 
 def _banner(report: dict[str, Any]) -> str:
@@ -200,10 +192,10 @@ def _banner(report: dict[str, Any]) -> str:
     name = str(verdict) if verdict not in (None, "") else None
     colour = VERDICT_COLOURS.get(name or "", NO_VERDICT_COLOUR)
     reason = report.get("verdict_reason")
-    reason_text = _e(reason) if reason not in (None, "") else ("no optimizer step was measured" if name is None
+    reason_text = escape(reason) if reason not in (None, "") else ("no optimizer step was measured" if name is None
                                                                 else NA)
     label = f"verdict: {name}" if name else f"verdict: {NA}"
-    return (f'<div class="banner" style="background:{colour}"><div class="name">{_e(label)}</div>'
+    return (f'<div class="banner" style="background:{colour}"><div class="name">{escape(label)}</div>'
             f'<div class="reason">{reason_text}</div></div>')
 
 
@@ -219,7 +211,7 @@ def _figures(report: dict[str, Any]) -> str:
                                             f"{_value(warmup) if _num(warmup) is not None else NA}"),
                ("waiting for data", NA if wait is None else f"{wait:.0%}")]
     return '<div class="figures">' + "".join(
-        f'<div class="figure"><div class="value">{_e(value)}</div><div class="label">{_e(label)}</div></div>'
+        f'<div class="figure"><div class="value">{escape(value)}</div><div class="label">{escape(label)}</div></div>'
         for label, value in figures) + "</div>"
 
 
@@ -228,9 +220,9 @@ def _split(report: dict[str, Any]) -> str:
     shares = [(label, colour, _num(fractions.get(key))) for key, _, label, colour in PARTS]
     if all(share is None for _, _, share in shares) or not sum(s or 0.0 for _, _, s in shares):
         return f'<p class="muted">{NA}: no step time was measured</p>'
-    bar = "".join(f'<div style="width:{100 * max(0.0, share):.3f}%;background:{colour}" title="{_e(label)}"></div>'
+    bar = "".join(f'<div style="width:{100 * max(0.0, share):.3f}%;background:{colour}" title="{escape(label)}"></div>'
                   for label, colour, share in shares if share)
-    legend = _legend((f"{_e(label)} <b>{NA if share is None else f'{share:.1%}'}</b>", colour)
+    legend = _legend((f"{escape(label)} <b>{NA if share is None else f'{share:.1%}'}</b>", colour)
                      for label, colour, share in shares)
     return f'<div class="split">{bar}</div>{legend}'
 
@@ -267,8 +259,8 @@ def _timeline(report: dict[str, Any]) -> str:
         caption.append(f"each bar averages {per_bar} consecutive steps")
     if step_s is not None:
         caption.append(f"dashed line = median {step_s * 1e3:,.1f} ms")
-    legend = _legend((_e(label), colour) for _, _, label, colour in PARTS)
-    return f'{svg}{legend}<div class="caption">{_e("; ".join(caption))}</div>'
+    legend = _legend((escape(label), colour) for _, _, label, colour in PARTS)
+    return f'{svg}{legend}<div class="caption">{escape("; ".join(caption))}</div>'
 
 
 def _points(raw: object) -> list[tuple[float, float]]:
@@ -300,10 +292,10 @@ def _chart(title: str, metrics: Sequence[tuple[str, str]], monitor: dict[str, An
         mean, p95 = _num(stats.get("mean")), _num(stats.get("p95"))
         extra = "" if mean is None else f" — mean {mean / divide:,.0f}" + ("" if p95 is None else
                                                                             f", p95 {p95 / divide:,.0f}")
-        legend.append((f"{_e(label)}<span class=\"muted\">{_e(extra)}</span>", colour))
+        legend.append((f"{escape(label)}<span class=\"muted\">{escape(extra)}</span>", colour))
     if not series:
         return None
-    return f"<div><h3>{_e(title)}</h3>{line_chart_svg(series, y_unit=unit, y_floor=y_floor)}{_legend(legend)}</div>"
+    return f"<div><h3>{escape(title)}</h3>{line_chart_svg(series, y_unit=unit, y_floor=y_floor)}{_legend(legend)}</div>"
 
 
 def _monitor(report: dict[str, Any]) -> str:
@@ -336,7 +328,7 @@ def _monitor(report: dict[str, Any]) -> str:
     if unavailable:
         notes.append("unavailable: " + "; ".join(f"{k} ({v})" for k, v in unavailable.items()))
     body = "".join(c for c in (cpu, gpu, memory) if c)
-    caption = "".join(f'<div class="caption">{_e(n)}</div>' for n in notes)
+    caption = "".join(f'<div class="caption">{escape(n)}</div>' for n in notes)
     return (f'<div class="charts">{body}</div>' if body else "") + caption
 
 
@@ -344,7 +336,7 @@ def _fixes(report: dict[str, Any]) -> str:
     recs = [_dict(r) for r in _list(report.get("recommendations"))]
     if not recs:
         text = "no fix to recommend from what was measured" if report.get("verdict") else f"{NA}: nothing measured"
-        return f'<p class="muted">{_e(text)}</p>'
+        return f'<p class="muted">{escape(text)}</p>'
     items = []
     for rank, rec in enumerate(recs, 1):
         gain = _num(rec.get("expected_gain"))
@@ -353,16 +345,16 @@ def _fixes(report: dict[str, Any]) -> str:
         measured = _num(rec.get("measured_gain"))
         if measured is not None:  # --verify re-ran the script with the fix
             gain_html += f'<div class="gain" title="measured speed-up (--verify)">measured {measured:.2f}x</div>'
-        rid = f' <span class="muted">({_e(rec["id"])})</span>' if rec.get("id") not in (None, "") else ""
-        items.append(f'<li><div class="rank">{rank}</div><div class="fix-title">{_e(rec.get("title") or NA)}{rid}'
-                     f'</div>{gain_html}<div class="why">{_e(rec.get("why") or NA)}</div>'
-                     f'<div class="how">fix: <code>{_e(rec.get("fix") or NA)}</code></div></li>')
+        rid = f' <span class="muted">({escape(rec["id"])})</span>' if rec.get("id") not in (None, "") else ""
+        items.append(f'<li><div class="rank">{rank}</div><div class="fix-title">{escape(rec.get("title") or NA)}{rid}'
+                     f'</div>{gain_html}<div class="why">{escape(rec.get("why") or NA)}</div>'
+                     f'<div class="how">fix: <code>{escape(rec.get("fix") or NA)}</code></div></li>')
     return f'<ol class="fixes">{"".join(items)}</ol>'
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[tuple[str, bool]]]) -> str:
     """An HTML table; each cell is (already escaped html, numeric?)."""
-    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f'<td class="num">{c}</td>' if num else f"<td>{c}</td>" for c, num in row)
                    + "</tr>" for row in rows)
     return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
@@ -393,9 +385,10 @@ def _loaders(report: dict[str, Any]) -> str:
         return f'<p class="muted">{NA}: no loader was seen</p>'
     facts = [_loader_facts(s) for s in loaders]
     if len(loaders) == 1:
-        return _kv_tables([(_e(k), _e(v)) for k, v in facts[0]])
+        return _kv_tables([(escape(k), escape(v)) for k, v in facts[0]])
     headers = ["", *(f"#{_value(s.get('index', i))}" for i, s in enumerate(loaders))]  # one column per loader
-    rows = [[(_e(label), False), *((_e(f[row][1]), False) for f in facts)] for row, (label, _) in enumerate(facts[0])]
+    rows = [[(escape(label), False), *((escape(f[row][1]), False) for f in facts)]
+            for row, (label, _) in enumerate(facts[0])]
     return _table(headers, rows)
 
 
@@ -411,16 +404,16 @@ def _observed(report: dict[str, Any]) -> str:
     observed = _dict(report.get("observed"))
     if not observed:
         return f'<p class="muted">{NA}</p>'
-    return _kv_tables([(_e(k), _e(_value(v))) for k, v in observed.items()])
+    return _kv_tables([(escape(k), escape(_value(v))) for k, v in observed.items()])
 
 
 def _check_row(check: dict[str, Any]) -> str:
     status = str(check.get("status") or NA)
     css = status if status in ("ok", "warn", "fail", "info") else "info"
     fix = check.get("fix")
-    fix_html = f'<div>fix: <code>{_e(fix)}</code></div>' if fix not in (None, "") else ""
-    return (f'<li><span class="pill {css}">{_e(status)}</span> <b>{_e(check.get("name") or NA)}</b>'
-            f'<div class="muted">{_e(check.get("detail") or "")}</div>{fix_html}</li>')
+    fix_html = f'<div>fix: <code>{escape(fix)}</code></div>' if fix not in (None, "") else ""
+    return (f'<li><span class="pill {css}">{escape(status)}</span> <b>{escape(check.get("name") or NA)}</b>'
+            f'<div class="muted">{escape(check.get("detail") or "")}</div>{fix_html}</li>')
 
 
 def _env(report: dict[str, Any]) -> str:
@@ -439,7 +432,7 @@ def _env(report: dict[str, Any]) -> str:
                 ("CUDA available", _value(env.get("cuda_available"))), ("CPUs", cpus),
                 ("memory", _bytes(env.get("memory_bytes"))), ("/dev/shm", _bytes(env.get("shm_bytes"))),
                 ("GPUs", gpu_text)]
-    line = '<p>' + " · ".join(f'<span class="muted">{_e(k)}</span> {_e(v)}' for k, v in versions) + "</p>"
+    line = '<p>' + " · ".join(f'<span class="muted">{escape(k)}</span> {escape(v)}' for k, v in versions) + "</p>"
     checks = [_dict(c) for c in _list(env.get("checks"))]
     flagged = sorted((c for c in checks if c.get("status") in ("fail", "warn")),
                      key=lambda c: 0 if c.get("status") == "fail" else 1)
@@ -458,7 +451,7 @@ def _notes(report: dict[str, Any]) -> str:
     notes = [n for n in _list(report.get("notes")) if n not in (None, "")]
     if not notes:
         return '<p class="muted">none</p>'
-    return '<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>"
+    return '<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>"
 
 
 SECTIONS: tuple[tuple[str, str, Callable[[dict[str, Any]], str]], ...] = (
@@ -478,7 +471,7 @@ def _safely(render: Callable[[dict[str, Any]], str], report: dict[str, Any]) -> 
     try:
         return render(report)
     except Exception as exc:  # the report is data from elsewhere: show what broke
-        return f'<p class="muted">{NA} (could not render: {_e(type(exc).__name__)}: {_e(exc)})</p>'
+        return f'<p class="muted">{NA} (could not render: {escape(type(exc).__name__)}: {escape(exc)})</p>'
 
 
 def render_html(report: dict[str, Any]) -> str:
@@ -491,5 +484,5 @@ def render_html(report: dict[str, Any]) -> str:
     return ("<!DOCTYPE html>\n"
             '<html lang="en"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{_e(title)}</title><style>{CSS}</style></head>"
+            f"<title>{escape(title)}</title><style>{CSS}</style></head>"
             f'<body><main>{"".join(body)}<footer>trainfast doctor report</footer></main></body></html>\n')

@@ -8,7 +8,8 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 
 
-def _e(value: object) -> str:
+def escape(value: object) -> str:
+    """Any value as escaped HTML/SVG text (quotes too: it also goes into attributes)."""
     return html.escape(str(value), quote=True)
 
 
@@ -31,14 +32,14 @@ def _axes(width: float, height: float, box: tuple[float, float, float, float], y
     for i in range(steps + 1):
         y = bottom - (bottom - top) * i / steps
         out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" stroke="#e9ecef" stroke-width="1"/>')
-        out.append(f'<text x="{left - 6}" y="{y + 3.5:.1f}" text-anchor="end">{_e(_tick(i * y_step))}</text>')
+        out.append(f'<text x="{left - 6}" y="{y + 3.5:.1f}" text-anchor="end">{escape(_tick(i * y_step))}</text>')
     out.append(f'<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="#adb5bd" stroke-width="1"/>')
     for x, label in x_ticks:
         out.append(f'<line x1="{x:.1f}" y1="{bottom}" x2="{x:.1f}" y2="{bottom + 4}" stroke="#adb5bd"/>')
-        out.append(f'<text x="{x:.1f}" y="{bottom + 16}" text-anchor="middle">{_e(label)}</text>')
-    out.append(f'<text x="{(left + right) / 2:.1f}" y="{height - 4}" text-anchor="middle">{_e(x_label)}</text>')
+        out.append(f'<text x="{x:.1f}" y="{bottom + 16}" text-anchor="middle">{escape(label)}</text>')
+    out.append(f'<text x="{(left + right) / 2:.1f}" y="{height - 4}" text-anchor="middle">{escape(x_label)}</text>')
     out.append(f'<text x="12" y="{(top + bottom) / 2:.1f}" text-anchor="middle" '
-               f'transform="rotate(-90 12 {(top + bottom) / 2:.1f})">{_e(y_unit)}</text>')
+               f'transform="rotate(-90 12 {(top + bottom) / 2:.1f})">{escape(y_unit)}</text>')
     return out
 
 
@@ -85,7 +86,7 @@ def stacked_bars_svg(bars: Sequence[Sequence[float]], colours: Sequence[str], *,
     for i, bar in enumerate(bars):
         x = left + slot * (i + 0.5) - bar_w / 2
         y = bottom
-        tip = f"<title>{_e(labels[i])}</title>" if i < len(labels) else ""
+        tip = f"<title>{escape(labels[i])}</title>" if i < len(labels) else ""
         rects = []
         for value, colour in zip(bar, colours, strict=False):
             h = max(0.0, value) * scale
@@ -126,11 +127,11 @@ def line_chart_svg(series: Sequence[tuple[str, str, Sequence[tuple[float, float]
     for name, colour, pts in series:
         if len(pts) == 1:
             out.append(f'<circle cx="{to_x(pts[0][0]):.1f}" cy="{to_y(pts[0][1]):.1f}" r="3" fill="{colour}">'
-                       f"<title>{_e(name)}</title></circle>")
+                       f"<title>{escape(name)}</title></circle>")
         elif pts:
             coords = " ".join(f"{to_x(t):.1f},{to_y(v):.1f}" for t, v in pts)
             out.append(f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="1.8" '
-                       f'stroke-linejoin="round"><title>{_e(name)}</title></polyline>')
+                       f'stroke-linejoin="round"><title>{escape(name)}</title></polyline>')
     out.append("</svg>")
     return "".join(out)
 

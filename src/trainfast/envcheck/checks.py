@@ -25,6 +25,7 @@ from typing import Any, Literal
 import torch
 
 from trainfast.loader.cpus import usable_cpus
+from trainfast.units import format_bytes
 
 Status = Literal["ok", "warn", "fail", "info"]
 STATUSES: tuple[Status, ...] = ("ok", "warn", "fail", "info")
@@ -62,16 +63,6 @@ class Check:
 
     def to_json(self) -> dict[str, str]:
         return {"name": self.name, "status": self.status, "detail": self.detail, "fix": self.fix}
-
-
-def format_bytes(n: float | None) -> str:
-    """`n` bytes as "64.0 MiB" / "7.8 GiB" ("unknown" for None)."""
-    if n is None:
-        return "unknown"
-    for unit, size in (("TiB", 2**40), ("GiB", GIB), ("MiB", MIB), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
 
 
 # --- CPUs -----------------------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ from trainfast.envcheck.checks import (
     cuda_alloc_conf_check,
     cuda_versions_check,
     db_handles_check,
-    format_bytes,
     nvml_check,
     open_files_check,
     read_cuda_alloc_conf,
@@ -33,6 +32,7 @@ from trainfast.envcheck.checks import (
     tf32_check,
 )
 from trainfast.loader.cpus import affinity_cpus, cgroup_cpu_limit, usable_cpus
+from trainfast.units import format_bytes
 from trainfast.version import __version__
 
 # The JSON fields `environment()` always has (a contract for tools that read `trainfast env --json`).

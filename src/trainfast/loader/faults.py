@@ -24,12 +24,12 @@ from trainfast.envcheck.checks import (
     SHM_FIX,
     TINY_SHM_BYTES,
     UNLIMITED,
-    format_bytes,
     read_open_files_limit,
     read_shm_bytes,
     shm_needed_bytes,
 )
 from trainfast.loader.auto import LoaderPlan
+from trainfast.units import format_bytes
 
 __all__ = ["FailureKind", "LoaderError", "explain_failure", "fit_shared_memory", "read_memory",
            "read_open_files_limit", "read_shm_bytes"]

@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from trainfast.atomic import TEMP_PREFIX, atomic_copy, atomic_write
-from trainfast.envcheck.checks import format_bytes, read_free_bytes
+from trainfast.envcheck.checks import read_free_bytes
+from trainfast.units import format_bytes
 from trainfast.version import __version__
 
 log = logging.getLogger("trainfast")

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.console import Console
 
-from trainfast.bench.tables import fmt_bytes, precision_cells, render, to_markdown, versus_line, workers_cells
+from trainfast.bench.tables import precision_cells, render, to_markdown, versus_line, workers_cells
 
 HARDWARE = {"cpu": "Test CPU", "cpus": 2, "cgroup_cpu_limit": None, "memory_bytes": 24 * 2**30, "gpus": [],
             "torch": "2.13.0+cpu", "python": "3.11.7", "platform": "Linux-test"}
@@ -51,7 +51,7 @@ def test_precision_cells_mark_oom_and_the_speed_vs_fp32() -> None:
     cells = precision_cells(report())
     assert cells.headers == ["precision", "batch", "peak memory (RSS growth)", "samples/s",
                              "speed vs fp32 at same batch"]
-    assert cells.rows[1] == ["bf16-mixed", "64", "64 MiB", "1,800", "1.80x"]
+    assert cells.rows[1] == ["bf16-mixed", "64", "64.0 MiB", "1,800", "1.80x"]
     assert cells.rows[4] == ["32-true", "256", "OOM", "–", "–"]
     assert any("OOM" in n for n in cells.notes)
     assert precision_cells(report(device="cuda:0")).headers[2] == "peak memory (CUDA allocated)"
@@ -82,8 +82,3 @@ def test_rich_render_prints_both_tables() -> None:
     for expected in ("Loader workers", "Precision x batch size", "num_workers", "CPU util", "OOM",
                      "speed vs fp32 at same batch", "naive vs trainfast", "Test CPU"):
         assert expected in text
-
-
-def test_fmt_bytes() -> None:
-    assert (fmt_bytes(None), fmt_bytes(512 * 2**10), fmt_bytes(300 * 2**20), fmt_bytes(3 * 2**30)) == (
-        "–", "512 KiB", "300 MiB", "3.00 GiB")
