@@ -66,8 +66,8 @@ def test_no_room_for_last_pt_exits_1_with_one_message_and_no_traceback(
     assert "Traceback" not in err, err
     lines = [line for line in err.splitlines() if "could not write checkpoint" in line]
     assert len(lines) == 1, err
-    assert lines[0].startswith(f"trainfast: could not write checkpoint {str(ckpt / 'last.pt')!r}: No space left on "
-                               f"device (errno {errno.ENOSPC}); {str(ckpt)!r} has ")
+    assert lines[0].startswith(f"trainfast train: error: could not write checkpoint {str(ckpt / 'last.pt')!r}: No "
+                               f"space left on device (errno {errno.ENOSPC}); {str(ckpt)!r} has ")
     assert " free, the file needs " in lines[0]
     assert f"the last intact checkpoint is {str(ckpt / 'last.pt')!r}: resume from it" in lines[0]
     assert "usage:" not in err  # not reported as bad input

@@ -32,7 +32,10 @@ Three measurements, each row printed as it finishes:
   naive vs trainfast   'trainfast demo's two runs on the same data (needs val/ and at most 10 classes)
 
 --plot needs matplotlib (pip install trainfast[plot]). The demo dataset is generated on first use under
-$TRAINFAST_CACHE (default ~/.cache/trainfast). Exit codes: 0 done, 2 bad input.
+$TRAINFAST_CACHE (default ~/.cache/trainfast). A corrupt image stops the bench naming the file (a benchmark
+does not skip samples: there is no --on-bad-sample here). Errors are one line, 'trainfast bench: error: ...'
+(--debug: the full traceback). Exit codes: 0 done, 1 a measurement failed (a corrupt image, a loader failure),
+2 bad input.
 """
 
 

@@ -9,6 +9,11 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from trainfast.data.images import OnBadSample
+
+# `--on-bad-sample` -> ImageFolder(on_bad_sample=...)
+ON_BAD_SAMPLE: dict[str, OnBadSample] = {"error": "raise", "skip": "skip"}
+
 
 def positive_int(text: str) -> int:
     try:
@@ -103,6 +108,13 @@ def config_values(args: argparse.Namespace, cls: type, *, skip: tuple[str, ...] 
     """The parsed values of `cls`'s fields, ready for `cls(**values)`."""
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
             if f.name not in skip and hasattr(args, f.name)}
+
+
+def add_on_bad_sample_flag(parser: argparse.ArgumentParser) -> None:
+    """`--on-bad-sample {error,skip}` for a command that reads `--data`'s images."""
+    parser.add_argument("--on-bad-sample", choices=tuple(ON_BAD_SAMPLE), default="error",
+                        help="a corrupt or truncated image: 'error' stops with its name, 'skip' logs it and uses the "
+                             "next image (stops past 1%% of the samples) (default: error)")
 
 
 def check_data_root(root: Path, parser: argparse.ArgumentParser) -> None:

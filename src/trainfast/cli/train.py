@@ -4,19 +4,27 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 from pathlib import Path
 
 from trainfast.atomic import write_json
-from trainfast.cli.flags import add_config_flags, check_data_root, config_values, positive_int, workers_arg
+from trainfast.cli.flags import (
+    ON_BAD_SAMPLE,
+    add_config_flags,
+    add_on_bad_sample_flag,
+    check_data_root,
+    config_values,
+    positive_int,
+    workers_arg,
+)
 from trainfast.data.images import ImageFolder
 from trainfast.data.models import MODELS, build_model
 from trainfast.data.synthetic import SIZES, ensure_demo_dataset
 from trainfast.loader.make import make_loader
 from trainfast.loader.seeding import seed_all
-from trainfast.trainer.checkpoint import CheckpointError, CheckpointWriteError
-from trainfast.trainer.config import TrainConfig
-from trainfast.trainer.loop import NonFiniteLossError, Trainer, TrainingOutOfMemoryError
+from trainfast.trainer.config import ConfigError, TrainConfig
+from trainfast.trainer.loop import Trainer
 
 log = logging.getLogger("trainfast")
 EXAMPLES = """examples:
@@ -29,8 +37,12 @@ EXAMPLES = """examples:
 --data DIR must hold DIR/train/<class>/<image> (and optionally DIR/val/<class>/<image>).
 precision, channels_last and --compile auto are confirmed by A/Bs on the first steps: the log and the JSON's
 precision / channels_last / compile blocks say what was chosen, with the measured step times.
-Exit codes: 0 done, 1 training failed (a non-finite loss, out of memory, or no room to write last.pt: the
-message names the checkpoint to resume from), 2 bad input, 143 stopped by SIGTERM (checkpoint saved).
+--on-bad-sample skip: a corrupt or truncated image is logged and replaced by the next one (at most 1% of the
+samples); the summary and the JSON's skipped_samples count them.
+Errors are one line, 'trainfast train: error: ...' (--debug: the full traceback). Exit codes: 0 done,
+1 training failed (a non-finite loss, out of memory, a corrupt image, a loader failure, or no room to write
+last.pt: the message names the checkpoint to resume from), 2 bad input (a value, the data folder, a dataset
+smaller than one batch, a checkpoint that cannot be resumed), 143 stopped by SIGTERM (checkpoint saved).
 """
 
 
@@ -46,6 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--batch-size", type=positive_int, default=64, help="samples per batch (default: 64)")
     p.add_argument("--workers", type=workers_arg, default="auto", help="loader workers: 'auto' or N (default: auto)")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir/last.pt if it exists")
+    add_on_bad_sample_flag(p)
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the result as JSON")
     add_config_flags(p, TrainConfig, defaults={"cpu_threads": "auto", "seed": 0})
     p.set_defaults(run=run, command_parser=p)
@@ -62,10 +75,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--resume needs --checkpoint-dir DIR (where last.pt is kept)")
     root = args.data.expanduser() if args.data else ensure_demo_dataset(args.demo_size)
     check_data_root(root, parser)
+    on_bad_sample = ON_BAD_SAMPLE[args.on_bad_sample]
     try:
-        train_set = ImageFolder(root / "train", image_size=args.image_size)
+        train_set = ImageFolder(root / "train", image_size=args.image_size, on_bad_sample=on_bad_sample)
         has_val = (root / "val").is_dir()
-        val_set = ImageFolder(root / "val", image_size=args.image_size, train=False) if has_val else None
+        val_set = (ImageFolder(root / "val", image_size=args.image_size, train=False, on_bad_sample=on_bad_sample)
+                   if has_val else None)
     except (FileNotFoundError, ValueError) as e:
         parser.error(str(e))
     if val_set is None:
@@ -73,29 +88,30 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     seed = 0 if config.seed is None else config.seed
     seed_all(seed)  # weight init; data order and augmentation use the loader's seed
     model = build_model(args.model, num_classes=len(train_set.classes), image_size=args.image_size)
-    try:
-        train_loader = make_loader(train_set, args.batch_size, shuffle=True, workers=args.workers,
-                                   device=config.device, seed=seed)
-        val_loader = (make_loader(val_set, args.batch_size, shuffle=False, workers=args.workers, device=config.device)
-                      if val_set is not None else None)
-        trainer = Trainer(model, config=config)
-        result = trainer.fit(train_loader, val_loader, resume=args.resume)
-    except CheckpointWriteError as e:  # not bad input: the disk filled up (or the like) while training
-        if int(os.environ.get("RANK", "0")) == 0:  # every rank raises it; rank 0 says it, once
-            log.error("%s", e)
-        return 1
-    except CheckpointError as e:
-        parser.error(str(e))
-    except (NonFiniteLossError, TrainingOutOfMemoryError) as e:
-        log.error("%s", e)
-        return 1
-    summary = result.to_json()
+    # trainfast's own errors from here on (a non-finite loss, out of memory, no room for a checkpoint, a corrupt
+    # image, a checkpoint that cannot be resumed) become one line and exit 1 or 2 in trainfast.cli.main
+    train_loader = make_loader(train_set, args.batch_size, shuffle=True, workers=args.workers,
+                               device=config.device, seed=seed)
+    if len(train_loader) == 0:  # the Trainer would refuse it too, without naming the flag
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        per_rank = math.ceil(len(train_set) / world)
+        ranks = f" ({per_rank} per rank of {world})" if world > 1 else ""
+        raise ConfigError(f"--data {str(root)!r} has {len(train_set)} training image(s){ranks}, fewer than one batch "
+                          f"of --batch-size {args.batch_size} (training drops an incomplete batch); give "
+                          f"--batch-size {per_rank} or less, or more images")
+    val_loader = (make_loader(val_set, args.batch_size, shuffle=False, workers=args.workers, device=config.device)
+                  if val_set is not None else None)
+    trainer = Trainer(model, config=config)
+    result = trainer.fit(train_loader, val_loader, resume=args.resume)
+    skipped = train_set.skipped + (val_set.skipped if val_set is not None else 0)
+    summary = result.to_json() | {"skipped_samples": skipped}
     loss = f"{result.final_loss:.4f}" if result.final_loss is not None else "n/a"
     accuracy = f"{result.val_accuracy:.1%}" if result.val_accuracy is not None else "n/a"
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
     print(f"trained {result.epochs} epoch(s), {result.steps} steps: {result.samples_per_s:,.0f} samples/s, "
-          f"data wait {result.data_wait_fraction:.0%}, final loss {loss}, val accuracy {accuracy}")
+          f"data wait {result.data_wait_fraction:.0%}, final loss {loss}, val accuracy {accuracy}"
+          + (f", {skipped} corrupt sample(s) skipped" if args.on_bad_sample == "skip" else ""))
     if result.checkpoint:
         print(f"checkpoints: {result.checkpoint}" + (f", {result.best_checkpoint}" if result.best_checkpoint else ""))
     if args.json:

@@ -10,11 +10,12 @@ from rich.console import Console
 from rich.table import Table
 
 from trainfast.atomic import write_json
-from trainfast.cli.flags import check_data_root, positive_int
+from trainfast.cli.flags import ON_BAD_SAMPLE, add_on_bad_sample_flag, check_data_root, positive_int
 from trainfast.data.images import ImageFolder
 from trainfast.data.models import MODELS, build_model
 from trainfast.data.synthetic import SIZES, ensure_demo_dataset
 from trainfast.device import resolve_device
+from trainfast.trainer.config import ConfigError
 from trainfast.tune.step import training_step
 from trainfast.tune.tuner import tune_loader
 
@@ -25,6 +26,10 @@ EXAMPLES = """examples:
 
 The result is cached per (dataset, batch size, machine) under $TRAINFAST_CACHE/tune and read by
 make_loader(..., workers="tuned") and `trainfast train --workers tuned`.
+--on-bad-sample skip measures with corrupt images skipped (each logged), as `trainfast train --on-bad-sample skip`
+reads them. Errors are one line, 'trainfast tune: error: ...' (--debug: the full traceback). Exit codes: 0 done,
+1 the measurement failed (a corrupt image, a loader failure), 2 bad input (a value, the data folder, a dataset
+smaller than one batch).
 """
 
 
@@ -41,6 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--no-step", action="store_true", help="measure the loader alone (no training step)")
     p.add_argument("--budget-s", type=float, default=60.0, help="seconds the search may take (default: 60)")
     p.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda' or 'cuda:N' (default: auto)")
+    add_on_bad_sample_flag(p)
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the result as JSON")
     p.set_defaults(run=run, command_parser=p)
 
@@ -52,9 +58,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     check_data_root(root, parser)
     try:
         device = resolve_device(args.device)
-        dataset = ImageFolder(root / "train", image_size=args.image_size)
+        dataset = ImageFolder(root / "train", image_size=args.image_size,
+                              on_bad_sample=ON_BAD_SAMPLE[args.on_bad_sample])
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))
+    if len(dataset) < args.batch_size:  # every trial drops an incomplete batch: nothing would be measured
+        raise ConfigError(f"--data {str(root)!r} has {len(dataset)} training image(s), fewer than one batch of "
+                          f"--batch-size {args.batch_size}; give --batch-size {len(dataset)} or less, or more images")
     step = None
     if not args.no_step:
         torch.manual_seed(0)
@@ -74,6 +84,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     console.print(f"chosen: {result.chosen.label()} — {result.chosen_samples_per_s:,.0f} samples/s, "
                   f"{result.speedup:.2f}x the baseline (workers=0, default threads); search took "
                   f"{result.sweep_seconds:.0f} s. Use it with --workers tuned / make_loader(..., workers='tuned').")
+    if args.on_bad_sample == "skip":
+        console.print(f"{dataset.skipped} corrupt sample(s) skipped while measuring", markup=False, highlight=False)
     if args.json:
         write_json(args.json, result.to_json())
     return 0

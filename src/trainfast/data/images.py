@@ -39,6 +39,9 @@ MAX_FILES_TRIED = 100
 # The process is out of a resource, the file is not broken: these propagate as they are (the loader's
 # LoaderError explains them) instead of counting as a corrupt image.
 RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+# `ImageFolder.skipped`'s shared counters: slot 0 for the main process, one per DataLoader worker id after it
+# (wrapping around past 63 workers), so no two processes add to the same slot at once.
+SKIPPED_SLOTS = 64
 
 log = logging.getLogger("trainfast")
 
@@ -74,7 +77,9 @@ class ImageFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
 
     `bad_samples` and `samples_tried` count in *this process*: DataLoader workers each count their own (the
     main process's counters stay 0, and each worker's limit applies to what that worker tried); the warnings
-    name every bad file whichever process met it.
+    name every bad file whichever process met it. `skipped` is the total over the processes: the samples
+    replaced by the next image in this process and in the DataLoader workers (fork or spawn) given this dataset,
+    kept in a small shared-memory tensor the workers receive with the dataset.
     """
 
     normalize = Normalize()
@@ -119,6 +124,7 @@ class ImageFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         self.samples_tried = 0  # samples this process tried to decode ("skip" mode only)
         self.last_bad_file: str | None = None
         self._bad: dict[str, str] = {}  # path -> why, for the files this process found bad (warned once each)
+        self._skipped = _shared_counters(SKIPPED_SLOTS)
 
     def __len__(self) -> int:
         return len(self._paths)
@@ -127,6 +133,12 @@ class ImageFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     def sample_bytes(self) -> int:
         """Bytes of one collated sample: the uint8 3 x image_size x image_size image and its int64 label."""
         return 3 * self.image_size * self.image_size + 8
+
+    @property
+    def skipped(self) -> int:
+        """Samples skipped (`on_bad_sample="skip"`) by this process and the DataLoader workers given this dataset:
+        each draw of a corrupt file that was replaced by the next image counts once (0 with "raise")."""
+        return int(self._skipped.sum())
 
     def path(self, index: int) -> str:
         return bytes(self._paths[index]).decode()
@@ -161,7 +173,9 @@ class ImageFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
             try:  # a file known to be bad is tried again all the same: skipping it without a decode would
                 return self._sample(i)  # change the RNG draws, and a batch must not depend on what came before
             except CorruptImageError as e:
-                self._count_bad(path, e)
+                self._count_bad(path, e)  # raises past max_bad_fraction: not skipped then
+                info = torch.utils.data.get_worker_info()
+                self._skipped[0 if info is None else 1 + info.id % (SKIPPED_SLOTS - 1)] += 1
         first, last = self.path(start), self.path((start + tries - 1) % n)
         which = f"all {n} files" if tries == n else f"{tries} files in a row"
         raise CorruptImageError(
@@ -209,6 +223,16 @@ class ImageFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
             im = im.convert("RGB")
         out = im.resize((s, s), Image.Resampling.BILINEAR, box=(x0, y0, x0 + cw, y0 + ch))
         return out.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flip else out
+
+
+def _shared_counters(slots: int) -> torch.Tensor:
+    """`slots` int64 zeros in shared memory: DataLoader workers, forked or spawned, add to the same storage."""
+    counters = torch.zeros(slots, dtype=torch.int64)
+    try:
+        counters.share_memory_()
+    except RuntimeError as e:  # no usable /dev/shm: the counts of this process only (workers keep their own)
+        log.debug("ImageFolder: no shared memory for the skipped-sample counters (%s); workers' skips not counted", e)
+    return counters
 
 
 def _random_crop(w: int, h: int, scale: tuple[float, float]) -> tuple[float, float, float, float]:
