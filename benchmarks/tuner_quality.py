@@ -26,7 +26,7 @@ from trainfast.bench.timing import Spread, interleave, ratios
 from trainfast.data.images import ImageFolder
 from trainfast.data.models import build_model
 from trainfast.data.synthetic import ensure_demo_dataset
-from trainfast.loader.cpus import available_cpus
+from trainfast.host import available_cpus
 from trainfast.tune.search import cheapest_within
 from trainfast.tune.step import training_step
 from trainfast.tune.trial import LoaderConfig, Trial, run_trial

@@ -8,7 +8,7 @@ from typing import Any
 import psutil
 import torch
 
-from trainfast.loader.cpus import affinity_cpus, cgroup_cpu_limit
+from trainfast.host import affinity_cpus, cgroup_cpu_limit
 
 
 def cpu_model() -> str:

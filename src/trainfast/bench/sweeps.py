@@ -33,8 +33,8 @@ from trainfast.bench.hardware import hardware
 from trainfast.data.images import ImageFolder, Normalize
 from trainfast.data.models import build_model
 from trainfast.device import resolve_device, synchronize
+from trainfast.host import available_cpus
 from trainfast.loader.auto import threads_beside_workers
-from trainfast.loader.cpus import available_cpus
 from trainfast.loader.make import make_loader
 from trainfast.loader.seeding import seed_all
 from trainfast.monitor import Monitor, PsutilSource

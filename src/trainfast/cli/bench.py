@@ -16,7 +16,7 @@ from trainfast.bench.tables import render, to_markdown
 from trainfast.cli.flags import check_data_root
 from trainfast.data.images import ImageFolder
 from trainfast.data.synthetic import ensure_demo_dataset
-from trainfast.loader.cpus import available_cpus
+from trainfast.host import available_cpus
 
 EXAMPLES = """examples:
   trainfast bench --quick                                   # about 1-2 minutes on 2 CPU cores

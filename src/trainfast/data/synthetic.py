@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from trainfast.cache import cache_root
-from trainfast.loader.cpus import affinity_cpus
+from trainfast.host import affinity_cpus
 
 CLASSES = ("circle", "square", "triangle", "ring", "cross", "star", "diamond", "hexagon",
            "stripes", "dots")

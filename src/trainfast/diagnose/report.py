@@ -19,7 +19,7 @@ from trainfast.diagnose.instrument import Instrumentation, Observations
 from trainfast.diagnose.recommend import Recommendation, num_workers, recommend
 from trainfast.diagnose.timeline import StepRecord, Timeline
 from trainfast.dynamo import dynamo_counts
-from trainfast.loader.cpus import available_cpus
+from trainfast.host import available_cpus
 from trainfast.monitor import percentile, sustained_growth_per_minute
 from trainfast.monitor.analysis import window_mean
 from trainfast.precision.policy import device_caps

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import torch
 
-from trainfast.loader.cpus import usable_cpus
+from trainfast.host import usable_cpus
 from trainfast.units import format_bytes
 
 Status = Literal["ok", "warn", "fail", "info"]

@@ -9,7 +9,6 @@ import platform
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 
 from trainfast.envcheck.checks import (
@@ -31,7 +30,7 @@ from trainfast.envcheck.checks import (
     shm_check,
     tf32_check,
 )
-from trainfast.loader.cpus import affinity_cpus, cgroup_cpu_limit, usable_cpus
+from trainfast.host import affinity_cpus, cgroup_cpu_limit, memory, usable_cpus
 from trainfast.units import format_bytes
 from trainfast.version import __version__
 
@@ -55,14 +54,6 @@ def gpus() -> list[dict[str, Any]]:
     return found
 
 
-def _memory() -> tuple[int | None, int | None]:
-    try:
-        vm = psutil.virtual_memory()
-    except Exception:
-        return None, None
-    return int(vm.total), int(vm.available)
-
-
 def environment() -> dict[str, Any]:
     """Versions, CPUs, memory, shared memory, GPUs and the machine-wide checks, as JSON-ready values.
 
@@ -71,7 +62,7 @@ def environment() -> dict[str, Any]:
     """
     cuda = torch.cuda.is_available()
     affinity, limit = affinity_cpus(), cgroup_cpu_limit()
-    total, available = _memory()
+    total, available = memory()
     shm = read_shm_bytes()
     nofile = read_open_files_limit()
     devices = gpus()

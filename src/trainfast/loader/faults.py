@@ -18,8 +18,6 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Literal
 
-import psutil
-
 from trainfast.envcheck.checks import (
     SHM_FIX,
     TINY_SHM_BYTES,
@@ -28,6 +26,7 @@ from trainfast.envcheck.checks import (
     read_shm_bytes,
     shm_needed_bytes,
 )
+from trainfast.host import Memory, memory
 from trainfast.loader.auto import LoaderPlan
 from trainfast.units import format_bytes
 
@@ -69,13 +68,9 @@ class LoaderError(RuntimeError):
         return type(self), (str(self), self.kind)
 
 
-def read_memory() -> tuple[int | None, int | None]:
-    """(available, total) bytes of RAM, None where psutil cannot tell."""
-    try:
-        vm = psutil.virtual_memory()
-    except Exception:
-        return None, None
-    return int(vm.available), int(vm.total)
+def read_memory() -> Memory:
+    """RAM (total, available), None where psutil cannot tell: `host.memory`, named here so tests can fake it."""
+    return memory()
 
 
 # --- DataLoader failures -----------------------------------------------------------------------------------
@@ -149,7 +144,7 @@ def _shm_numbers(num_workers: int, prefetch_factor: int | None) -> str:
 
 
 def _memory_numbers() -> str:
-    available, total = read_memory()
+    total, available = read_memory()
     if available is None or total is None:
         return "memory available now: unknown"
     return f"{format_bytes(available)} of {format_bytes(total)} memory available now"

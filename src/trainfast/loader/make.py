@@ -17,10 +17,10 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from trainfast.data.images import Normalize
 from trainfast.device import device_kind
 from trainfast.envcheck.environment import tensors_batch_bytes
+from trainfast.host import available_cpus
 from trainfast.loader import faults
 from trainfast.loader.auto import Auto, LoaderPlan, plan_loader
 from trainfast.loader.batches import EpochBatches, EpochLoader
-from trainfast.loader.cpus import available_cpus
 from trainfast.loader.faults import LoaderError, explain_failure, fit_shared_memory
 from trainfast.loader.memory import TensorLoader
 from trainfast.loader.seeding import seed_all, seeded

@@ -20,7 +20,7 @@ import torch
 
 from trainfast.atomic import write_json
 from trainfast.cache import cache_root
-from trainfast.loader.cpus import available_cpus
+from trainfast.host import available_cpus
 
 log = logging.getLogger("trainfast")
 FORMAT = 1  # bump when the meaning of a cached result changes

@@ -25,8 +25,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainfast.device import resolve_device, synchronize
 from trainfast.envcheck.environment import checkpoint_preflight, preflight
+from trainfast.host import available_cpus
 from trainfast.loader.auto import threads_beside_workers
-from trainfast.loader.cpus import available_cpus
 from trainfast.loader.seeding import seed_all
 from trainfast.monitor import Monitor
 from trainfast.oom import advice, first_line, is_oom, memory_at_oom

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from trainfast.device import DeviceClock
-from trainfast.loader.cpus import available_cpus
+from trainfast.host import available_cpus
 from trainfast.loader.make import make_loader
 from trainfast.loader.tuned import LoaderConfig, cache_key
 from trainfast.samples import batch_samples

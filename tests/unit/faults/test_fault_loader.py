@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from trainfast.data.images import CorruptImageError, ImageFolder
+from trainfast.host import Memory
 from trainfast.loader import Loader, LoaderError, faults, make_loader
 from trainfast.loader.faults import explain_failure
 from trainfast.trainer.signals import workers_ignore
@@ -113,7 +114,7 @@ def machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """What the messages read from the machine: 64 MiB of /dev/shm, ulimit -n 1024, 1 of 16 GiB of RAM free."""
     monkeypatch.setattr(faults, "read_shm_bytes", lambda: 64 * MIB)
     monkeypatch.setattr(faults, "read_open_files_limit", lambda: 1024)
-    monkeypatch.setattr(faults, "read_memory", lambda: (2**30, 16 * 2**30))
+    monkeypatch.setattr(faults, "read_memory", lambda: Memory(total=16 * 2**30, available=2**30))
 
 
 @pytest.fixture

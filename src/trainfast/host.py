@@ -1,4 +1,4 @@
-"""How many CPUs this process may really use: affinity, then the cgroup CPU quota.
+"""The host this process runs on: how many CPUs it may really use, and its memory.
 
 `os.cpu_count()` reports the host's cores; in a container limited to 2 CPUs on a 64-core host it
 says 64, and 64 loader workers then thrash. The affinity mask and the cgroup quota are what the
@@ -10,6 +10,24 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import NamedTuple
+
+import psutil
+
+
+class Memory(NamedTuple):
+    """RAM in bytes; None where psutil cannot tell."""
+
+    total: int | None
+    available: int | None
+
+
+def memory() -> Memory:
+    try:
+        vm = psutil.virtual_memory()
+    except Exception:  # a restricted container or an unsupported platform: say "unknown", do not fail
+        return Memory(None, None)
+    return Memory(int(vm.total), int(vm.available))
 
 
 def affinity_cpus() -> int:

@@ -1,4 +1,4 @@
-"""cpus.py: the cgroup CPU quota (v1 and v2) and the usable-CPU count derived from it."""
+"""host.py: the cgroup CPU quota (v1 and v2) and the usable-CPU count derived from it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainfast.loader.cpus import affinity_cpus, available_cpus, cgroup_cpu_limit, usable_cpus
+from trainfast.host import affinity_cpus, available_cpus, cgroup_cpu_limit, usable_cpus
 
 
 def _write(root: Path, files: dict[str, str]) -> Path:
@@ -79,3 +79,21 @@ def test_usable_cpus(affinity: int, limit: float | None, expected: int) -> None:
 
 def test_available_cpus_is_a_positive_count_within_affinity() -> None:
     assert 1 <= available_cpus() <= max(1, affinity_cpus())
+
+
+def test_memory_names_total_and_available(monkeypatch: pytest.MonkeyPatch) -> None:
+    import psutil
+
+    from trainfast import host
+
+    class VM:
+        total, available = 16 * 2**30, 2**30
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: VM())
+    assert host.memory() == host.Memory(total=16 * 2**30, available=2**30)
+
+    def unsupported() -> None:
+        raise RuntimeError("no /proc/meminfo")
+
+    monkeypatch.setattr(psutil, "virtual_memory", unsupported)
+    assert host.memory() == host.Memory(None, None)
