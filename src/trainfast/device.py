@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
+import gc
 import os
 import time
 
@@ -66,3 +70,22 @@ class DeviceClock:
     def elapsed(self) -> float:
         synchronize(self.device)
         return time.perf_counter() - self.started
+
+
+def free_memory(device: torch.device) -> None:
+    """Give back what the last run (a bench row, a batch-size try) held: Python garbage (reference cycles, e.g.
+    through a traceback, may still hold its tensors), the CUDA cache (the next run starts unfragmented), glibc's
+    free heap pages (the next run's RSS growth is honest)."""
+    gc.collect()
+    synchronize(device)  # the last row's kernels still hold their memory
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    _malloc_trim()
+
+
+def _malloc_trim() -> None:
+    """glibc keeps freed heap pages in the process; returning them makes the next row's RSS growth honest."""
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        name = ctypes.util.find_library("c")
+        if name:
+            ctypes.CDLL(name).malloc_trim(0)

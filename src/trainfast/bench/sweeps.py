@@ -14,9 +14,6 @@ Three measurements, each row printed as it finishes:
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import gc
 import logging
 import re
 import time
@@ -32,7 +29,7 @@ from trainfast.bench.demo import FULL, QUICK, DemoSpec, run_naive, run_trainfast
 from trainfast.bench.hardware import hardware
 from trainfast.data.images import ImageFolder, Normalize
 from trainfast.data.models import build_model
-from trainfast.device import resolve_device, synchronize
+from trainfast.device import free_memory, resolve_device, synchronize
 from trainfast.host import available_cpus
 from trainfast.loader.auto import threads_beside_workers
 from trainfast.loader.make import make_loader
@@ -98,23 +95,6 @@ def workers_precision(device: torch.device) -> str:
     """The workers rows' precision: "auto"'s prior for the device. The rows fix precision and channels_last to
     their priors: a row measures its own setting, not the Trainer's A/Bs of the others."""
     return resolve_precision("auto", device_caps(device)).name
-
-
-def free_memory(device: torch.device) -> None:
-    """Give back what the last row held: Python garbage, the CUDA cache, glibc's free heap pages."""
-    gc.collect()
-    synchronize(device)  # the last row's kernels still hold their memory
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    _malloc_trim()
-
-
-def _malloc_trim() -> None:
-    """glibc keeps freed heap pages in the process; returning them makes the next row's RSS growth honest."""
-    with contextlib.suppress(OSError, AttributeError, TypeError):
-        name = ctypes.util.find_library("c")
-        if name:
-            ctypes.CDLL(name).malloc_trim(0)
 
 
 def current_rss() -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
 from typing import Any
 
@@ -20,7 +20,7 @@ from trainfast.loader.prefetch import InputTransform, move
 from trainfast.monitor import Monitor
 from trainfast.samples import batch_samples, first_leaf
 from trainfast.trainer.settings import torch_settings
-from trainfast.trainer.step import forward_backward
+from trainfast.trainer.step import TrainStep, forward_backward
 
 
 def _output_field(out: Any, name: str) -> Any:
@@ -55,7 +55,7 @@ def _takes_labels(model: nn.Module) -> bool:
     return param is not None and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD)
 
 
-def _forward_backward(model: nn.Module, loader: Any) -> Callable[[Any], None]:
+def _forward_backward(model: nn.Module, loader: Any) -> TrainStep:
     """The default step for `diagnose(loader, model=...)`: forward, a loss, backward.
 
     An `(inputs, targets)` batch: `model(inputs)`, with the loader's normalisation applied to the inputs
@@ -111,7 +111,7 @@ def _loader_rate(loader: Iterable[Any], batches: int, warmup: int) -> float | No
     return samples / elapsed if seen > warmup and elapsed > 0 else None
 
 
-def diagnose(loader: Iterable[Any], step_fn: Callable[[Any], Any] | None = None, *, model: nn.Module | None = None,
+def diagnose(loader: Iterable[Any], step_fn: TrainStep | None = None, *, model: nn.Module | None = None,
              steps: int = 30, warmup: int = 5, replay: bool = True) -> Report:
     """Measure `steps` training steps of `step_fn(batch)` fed by `loader` (after `warmup`) and report.
 

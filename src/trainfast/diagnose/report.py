@@ -113,11 +113,6 @@ NOISY_SPREAD = 2.0
 CONTENTION_CORES = 0.5
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def _median_compute(records: list[StepRecord]) -> float:
     return statistics.median(r.compute_s for r in records)
 
@@ -152,7 +147,7 @@ def _evidence(timeline: Timeline, instrumentation: Instrumentation, records: lis
         cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
         gpu_memory_fraction=_gpu_memory_fraction(device, observed.device_index) if final else None,
         jpeg_decoded_pixels=decoded,
-        wait_spike_ratio=_percentile(waits, 0.95) / mean_wait if mean_wait > 0 else None,
+        wait_spike_ratio=percentile(waits, 95) / mean_wait if mean_wait > 0 else None,
         worker_rss_growth_per_min=_worker_rss_growth(monitor, timeline.measure_started_monotonic),
         loader_headroom=loader_headroom, thread_probe=thread_probe, input_source=timeline.input_source)
 

@@ -65,11 +65,10 @@ from trainfast.trainer.result import FitResult
 from trainfast.trainer.schedule import warmup_cosine
 from trainfast.trainer.settings import torch_settings
 from trainfast.trainer.signals import EXIT_CODE, StopSchedule, StopSignal, parse_signals, workers_ignore
-from trainfast.trainer.step import forward_backward, optimizer_step
+from trainfast.trainer.step import LossOf, forward_backward, optimizer_step
 
 log = logging.getLogger("trainfast")
 RATE_WINDOW = 50  # steps over which the progress display averages samples/s and data wait
-StepFn = Callable[[nn.Module, Any], torch.Tensor]
 
 
 class NonFiniteLossError(RuntimeError):
@@ -90,7 +89,7 @@ class Trainer:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                  config: TrainConfig | None = None, callbacks: Sequence[object] = (), *,
-                 step_fn: StepFn | None = None) -> None:
+                 step_fn: LossOf | None = None) -> None:
         self.config = cfg = config or TrainConfig()
         self.dist = dist_info()  # torchrun's RANK / LOCAL_RANK / WORLD_SIZE, or a single process
         check_callbacks(callbacks)

@@ -13,7 +13,8 @@ from torch import nn
 
 from trainfast.precision.policy import LossScaler
 
-LossOf = Callable[[nn.Module, Any], torch.Tensor]  # (model, batch) -> the batch's loss
+LossOf = Callable[[nn.Module, Any], torch.Tensor]  # (model, batch) -> the batch's loss: Trainer/find_batch_size
+TrainStep = Callable[[Any], Any]  # (batch) -> None: a whole training step, as tune_loader and diagnose co-run it
 
 
 def forward_backward(model: nn.Module, batch: Any, loss_of: LossOf, autocast: AbstractContextManager[object],

@@ -15,7 +15,6 @@ device, and memory other processes take later. The result's `advice` says how mu
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -27,15 +26,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainfast.device import DeviceClock, resolve_device, synchronize
+from trainfast.device import DeviceClock, free_memory, resolve_device, synchronize
 from trainfast.oom import EXPANDABLE, MemorySnapshot, first_line, fragmented, is_oom
 from trainfast.oom import memory_at_oom as _memory_at_oom  # a module global: tests fake it
 from trainfast.oom import requested_bytes as _requested_bytes
 from trainfast.precision.policy import PrecisionPolicy, device_caps, resolve_precision
-from trainfast.trainer.step import forward_backward
+from trainfast.trainer.step import LossOf, forward_backward
 
 log = logging.getLogger("trainfast")
-StepFn = Callable[[nn.Module, Any], torch.Tensor]
 Sample = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 # Bisection stops when the gap between the largest fit and the smallest failure is at most this share of
@@ -66,7 +64,7 @@ class BatchSizeResult:
 
 
 def find_batch_size(model: nn.Module, sample: Sample, *, precision: str = "auto", device: str = "auto",
-                    start: int = 8, max_batch: int = 4096, step_fn: StepFn | None = None) -> BatchSizeResult:
+                    start: int = 8, max_batch: int = 4096, step_fn: LossOf | None = None) -> BatchSizeResult:
     """The largest batch size (within `RESOLUTION`) for which a training step of `model` fits in memory.
 
     `sample` is one input without the batch dimension, or `(input, target)`; batches repeat it (as the
@@ -109,7 +107,7 @@ def find_batch_size(model: nn.Module, sample: Sample, *, precision: str = "auto"
         finally:
             seconds = clock.elapsed()  # the step alone, not the clean-up below
             model.zero_grad(set_to_none=True)
-            _release(dev)
+            free_memory(dev)
         tried.append((batch, ok, seconds))
         log.info("batch size search: %d %s (%.2f s)", batch, "fits" if ok else "out of memory", seconds)
         return ok
@@ -155,14 +153,8 @@ def search(fits: Callable[[int], bool], start: int, max_batch: int) -> tuple[int
     return good, first_oom
 
 
-def _release(device: torch.device) -> None:
-    gc.collect()  # reference cycles (e.g. through a traceback) may still hold the try's tensors
-    if device.type == "cuda":
-        torch.cuda.empty_cache()  # give cached blocks back so the next try starts unfragmented
-
-
 def _train_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | None, batch: int,
-                policy: PrecisionPolicy, step_fn: StepFn | None) -> None:
+                policy: PrecisionPolicy, step_fn: LossOf | None) -> None:
     """One forward + backward on `batch` copies of the sample; its tensors die when it returns or raises."""
     x = _repeat(inputs, batch)
     y = None if targets is None else _repeat(targets, batch)
@@ -218,7 +210,7 @@ def _model_prepared(model: nn.Module, device: torch.device) -> Iterator[None]:
         with torch.no_grad():
             for name, saved in buffers:
                 model.get_buffer(name).copy_(saved)
-        _release(device)
+        free_memory(device)
 
 
 def _advice(model: nn.Module, max_batch: int, first_oom: int | None,

@@ -14,12 +14,11 @@ from trainfast.precision.policy import LossScaler, device_caps, resolve_precisio
 from trainfast.trainer.config import TrainConfig
 from trainfast.trainer.optimizer import default_optimizer
 from trainfast.trainer.practices import resolve_channels_last
-from trainfast.trainer.step import forward_backward, optimizer_step
-from trainfast.tune.trial import StepFn
+from trainfast.trainer.step import TrainStep, forward_backward, optimizer_step
 
 
 def training_step(model: nn.Module, *, normalize: Normalize | None, device: torch.device,
-                  precision: str = "auto", grad_clip: float | None = 1.0) -> StepFn:
+                  precision: str = "auto", grad_clip: float | None = 1.0) -> TrainStep:
     """One step as `Trainer.fit` takes it (its step functions, the default TrainConfig's AdamW): uint8 ->
     normalised inputs, autocast forward, scaled backward, clipping, AdamW step. The model is moved to `device`
     (channels_last for conv nets where it pays)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,8 +11,7 @@ from trainfast.loader.make import make_loader
 from trainfast.loader.tuned import LoaderConfig as LoaderConfig  # re-exported: what a trial measures
 from trainfast.samples import batch_samples
 from trainfast.trainer.settings import torch_settings
-
-StepFn = Callable[[Any], Any]
+from trainfast.trainer.step import TrainStep
 
 
 @dataclass(frozen=True)
@@ -26,7 +24,7 @@ class Trial:
         return {"config": self.config.to_json(), "samples_per_s": self.samples_per_s, "seconds": self.seconds}
 
 
-def run_trial(dataset: Any, batch_size: int, config: LoaderConfig, *, step_fn: StepFn | None, batches: int,
+def run_trial(dataset: Any, batch_size: int, config: LoaderConfig, *, step_fn: TrainStep | None, batches: int,
               warmup: int, device: str = "auto") -> Trial:
     """Samples/s over `batches` batches after `warmup` (worker start-up, first-batch effects excluded).
 

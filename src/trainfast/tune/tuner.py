@@ -15,10 +15,11 @@ from trainfast.host import available_cpus
 from trainfast.loader.make import make_loader
 from trainfast.loader.tuned import LoaderConfig, cache_key
 from trainfast.samples import batch_samples
+from trainfast.trainer.step import TrainStep
 from trainfast.tune import result as cache
 from trainfast.tune.result import TuneResult
 from trainfast.tune.search import cheapest_within, search
-from trainfast.tune.trial import StepFn, Trial, run_trial
+from trainfast.tune.trial import Trial, run_trial
 
 log = logging.getLogger("trainfast")
 progress = logging.getLogger("trainfast.tune")  # stays audible while make_loader's explanations are muted
@@ -40,7 +41,7 @@ def _quiet() -> Iterator[None]:
         progress.setLevel(own)
 
 
-def _compute_rate(dataset: Any, batch_size: int, step_fn: StepFn, repeats: int = 10, *,
+def _compute_rate(dataset: Any, batch_size: int, step_fn: TrainStep, repeats: int = 10, *,
                   device: str = "auto") -> float:
     """Samples/s of the training step alone, replaying one cached batch: the most any loader could feed."""
     batch = next(iter(make_loader(dataset, batch_size, workers=0, shuffle=False, device=device)))
@@ -52,7 +53,7 @@ def _compute_rate(dataset: Any, batch_size: int, step_fn: StepFn, repeats: int =
     return repeats * batch_samples(batch) / clock.elapsed()
 
 
-def tune_loader(dataset: Any, batch_size: int, step_fn: StepFn | None = None, *, budget_s: float = 60.0,
+def tune_loader(dataset: Any, batch_size: int, step_fn: TrainStep | None = None, *, budget_s: float = 60.0,
                 device: str = "auto", save: bool = True, batches: int | None = None) -> TuneResult:
     """Find the cheapest loader configuration within a few percent of the fastest, by measurement.
 

@@ -54,7 +54,7 @@ def run(limit: int, error: Callable[[], BaseException] | None = None, **kwargs: 
     return find_batch_size(model, torch.randn(4), device="cpu", **kwargs)  # type: ignore[arg-type]
 
 
-REAL_RELEASE = bs._release
+REAL_RELEASE = bs.free_memory
 
 
 @pytest.fixture(autouse=True)
@@ -62,7 +62,7 @@ def releases(monkeypatch: pytest.MonkeyPatch) -> list[torch.device]:
     """Counts the frees between tries and skips their gc.collect() (~0.1 s each with torch loaded); tests of
     the real release put it back."""
     calls: list[torch.device] = []
-    monkeypatch.setattr(bs, "_release", calls.append)
+    monkeypatch.setattr(bs, "free_memory", calls.append)
     return calls
 
 
@@ -150,7 +150,7 @@ def test_a_torch_runtime_error_that_is_not_oom_propagates() -> None:
 
 
 def test_modes_buffers_and_grads_are_left_as_they_were(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bs, "_release", REAL_RELEASE)
+    monkeypatch.setattr(bs, "free_memory", REAL_RELEASE)
     model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.1), nn.Linear(8, 3))
     model.train()
     model[2].eval()  # a mixed layout must come back module by module
@@ -301,7 +301,7 @@ def test_result_to_json() -> None:
 
 
 def test_real_cpu_run_reaches_max_batch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bs, "_release", REAL_RELEASE)
+    monkeypatch.setattr(bs, "free_memory", REAL_RELEASE)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     result = find_batch_size(model, torch.randn(16), device="cpu", max_batch=64)
     assert result.batch_size == 64 and result.first_oom is None
@@ -320,7 +320,7 @@ class Scale(nn.Module):
 
 @pytest.mark.gpu
 def test_real_cuda_oom_is_caught_and_memory_returned(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bs, "_release", REAL_RELEASE)
+    monkeypatch.setattr(bs, "free_memory", REAL_RELEASE)
     total = torch.cuda.get_device_properties(0).total_memory
     sample = torch.ones(total // 64 // 4, device="cuda")  # 1/64 of the device per sample, ~3 copies per step
     model = Scale().cuda()
