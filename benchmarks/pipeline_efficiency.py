@@ -34,7 +34,7 @@ from trainfast.trainer.loop import Trainer
 from trainfast.trainer.settings import torch_settings
 from trainfast.tune.result import load
 from trainfast.tune.step import training_step
-from trainfast.tune.trial import LoaderConfig, run_trial
+from trainfast.tune.trial import WorkerSettings, run_trial
 from trainfast.tune.tuner import tune_loader
 
 
@@ -51,7 +51,7 @@ def main() -> None:
     step = training_step(build_model("convnet", num_classes=10, image_size=64), normalize=dataset.normalize,
                          device=device)
     tuned = load(dataset, 64, device=device.type) or tune_loader(dataset, 64, step, device=device.type)
-    config: LoaderConfig = tuned.chosen
+    config: WorkerSettings = tuned.chosen
     cached = [batch for _, batch in zip(range(8), make_loader(dataset, 64, workers=0), strict=False)]
 
     def compute_only() -> float:

@@ -29,16 +29,16 @@ from trainfast.data.synthetic import ensure_demo_dataset
 from trainfast.host import available_cpus
 from trainfast.tune.search import cheapest_within
 from trainfast.tune.step import training_step
-from trainfast.tune.trial import LoaderConfig, Trial, run_trial
+from trainfast.tune.trial import Trial, WorkerSettings, run_trial
 from trainfast.tune.tuner import tune_loader
 
 
-def grid(cpus: int, cpu_training: bool, cuda: bool) -> list[LoaderConfig]:
+def grid(cpus: int, cpu_training: bool, cuda: bool) -> list[WorkerSettings]:
     threads: list[int | None] = list(range(1, cpus + 1)) if cpu_training else [None]
-    configs = [LoaderConfig(0, None, False, t) for t in threads]
+    configs = [WorkerSettings(0, None, False, t) for t in threads]
     for workers, prefetch, pin, t in itertools.product(range(1, cpus + 1), (2, 4), (False, True) if cuda else (False,),
                                                        threads):
-        configs.append(LoaderConfig(workers, prefetch, pin, t))
+        configs.append(WorkerSettings(workers, prefetch, pin, t))
     return configs
 
 
@@ -57,7 +57,7 @@ def main() -> None:
                          device=device)
     cpus, cpu_training = available_cpus(), device.type == "cpu"
 
-    def measure(config: LoaderConfig, batches: int = args.batches) -> Trial:
+    def measure(config: WorkerSettings, batches: int = args.batches) -> Trial:
         warmup = 2 + config.num_workers * (config.prefetch_factor or 2)
         return run_trial(dataset, 64, config, step_fn=step, batches=batches, warmup=warmup, device=device.type)
 

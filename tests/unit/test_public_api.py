@@ -174,9 +174,9 @@ SUBPACKAGES: dict[str, dict[str, str]] = {
     "trainfast.tune": {
         "BatchSizeError": EXCEPTION,
         "BatchSizeResult": CLASS,
-        "LoaderConfig": CLASS,
         "Trial": CLASS,
         "TuneResult": CLASS,
+        "WorkerSettings": CLASS,
         "find_batch_size": FUNCTION,
         "tune_loader": FUNCTION,
     },

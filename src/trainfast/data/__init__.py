@@ -1,7 +1,8 @@
 """Datasets and reference models: the demo images, a fast ImageFolder reader, small models by name."""
 
-from trainfast.data.images import CorruptImageError, ImageFolder, Normalize
+from trainfast.data.images import CorruptImageError, ImageFolder
 from trainfast.data.models import MODELS, build_model
 from trainfast.data.synthetic import ensure_demo_dataset
+from trainfast.loader.prefetch import Normalize
 
 __all__ = ["MODELS", "CorruptImageError", "ImageFolder", "Normalize", "build_model", "ensure_demo_dataset"]

@@ -21,7 +21,6 @@ import logging
 import math
 import os
 import random
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -29,9 +28,9 @@ import numpy as np
 import torch
 from PIL import Image
 
+from trainfast.loader.prefetch import Normalize
+
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 OnBadSample = Literal["raise", "skip"]
 ON_BAD_SAMPLE: tuple[OnBadSample, ...] = ("raise", "skip")
 # on_bad_sample="skip": the most files tried for one sample (the one asked for, then the next ones) before giving up
@@ -48,14 +47,6 @@ log = logging.getLogger("trainfast")
 
 class CorruptImageError(RuntimeError):
     """An image file could not be decoded; the message names the file."""
-
-
-@dataclass(frozen=True)
-class Normalize:
-    """Per-channel mean and std in [0, 1] units, applied on the device after uint8 -> float."""
-
-    mean: tuple[float, ...] = IMAGENET_MEAN
-    std: tuple[float, ...] = IMAGENET_STD
 
 
 class ImageFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):

@@ -14,7 +14,6 @@ from typing import Any, Literal, cast
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from trainfast.data.images import Normalize
 from trainfast.device import device_kind
 from trainfast.envcheck.environment import tensors_batch_bytes
 from trainfast.host import available_cpus
@@ -23,8 +22,9 @@ from trainfast.loader.auto import Auto, LoaderPlan, plan_loader
 from trainfast.loader.batches import EpochBatches, EpochLoader
 from trainfast.loader.faults import LoaderError, explain_failure, fit_shared_memory
 from trainfast.loader.memory import TensorLoader
+from trainfast.loader.prefetch import Normalize
 from trainfast.loader.seeding import seed_all, seeded
-from trainfast.loader.tuned import LoaderConfig
+from trainfast.loader.tuned import WorkerSettings
 from trainfast.loader.tuned import load as tuned_config
 
 log = logging.getLogger("trainfast")
@@ -255,7 +255,7 @@ def _fit_shared_memory(plan: LoaderPlan, tensors: tuple[torch.Tensor, ...] | Non
     return plan
 
 
-def _tuned_settings(dataset: Any, batch_size: int, target: str) -> LoaderConfig | None:
+def _tuned_settings(dataset: Any, batch_size: int, target: str) -> WorkerSettings | None:
     """The configuration `trainfast tune` chose for this dataset and batch size on this machine, if any."""
     chosen = tuned_config(dataset, batch_size, device=target)
     if chosen is None:

@@ -12,9 +12,9 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from trainfast.data.images import Normalize
 from trainfast.loader.auto import LoaderPlan
 from trainfast.loader.batches import EpochBatches, EpochLoader
+from trainfast.loader.prefetch import Normalize
 
 
 class TensorLoader(EpochLoader):

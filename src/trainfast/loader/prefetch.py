@@ -9,11 +9,21 @@ On the CPU the same conversion happens inline: there is nothing to overlap.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from trainfast.data.images import Normalize
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class Normalize:
+    """Per-channel mean and std in [0, 1] units, applied on the device after uint8 -> float."""
+
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
 
 
 def move(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:

@@ -1,4 +1,4 @@
-"""The tuned loader settings: `LoaderConfig`, and the cache `trainfast tune` writes and `workers="tuned"` reads.
+"""The tuned loader settings: `WorkerSettings`, and the cache `trainfast tune` writes and `workers="tuned"` reads.
 
 One JSON file per (dataset, batch size, step, device, hardware) under $TRAINFAST_CACHE/tune, named by a digest of
 those parts. The tuner (`trainfast.tune`) writes its whole result there with `save`; `make_loader` only needs
@@ -28,7 +28,7 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True, order=True)
-class LoaderConfig:
+class WorkerSettings:
     """What the tuner varies. Ordered cheapest first for a CPU target: fewer workers, fewer prefetched batches, no
     pinning (on CUDA pinning is the default and costs nothing: `trainfast.tune.search.cheapest_within(cuda=True)`)."""
 
@@ -51,7 +51,7 @@ class LoaderConfig:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LoaderConfig:
+    def from_json(cls, data: dict[str, Any]) -> WorkerSettings:
         """The configuration `to_json` wrote; ValueError when a field has the wrong type or range (a record
         edited or damaged by hand), so that a bad file is skipped instead of reaching the DataLoader."""
         config = cls(**{k: data[k] for k in ("num_workers", "prefetch_factor", "pin_memory", "cpu_threads")})
@@ -117,6 +117,6 @@ def read(dataset: Any, batch_size: int, *, device: str, parse: Callable[[dict[st
     return None
 
 
-def load(dataset: Any, batch_size: int, *, device: str) -> LoaderConfig | None:
+def load(dataset: Any, batch_size: int, *, device: str) -> WorkerSettings | None:
     """The configuration `trainfast tune` chose for this dataset and batch size on this machine, if any."""
-    return read(dataset, batch_size, device=device, parse=lambda record: LoaderConfig.from_json(record["chosen"]))
+    return read(dataset, batch_size, device=device, parse=lambda record: WorkerSettings.from_json(record["chosen"]))

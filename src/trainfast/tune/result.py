@@ -8,15 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from trainfast.loader import tuned
-from trainfast.loader.tuned import FORMAT, LoaderConfig
+from trainfast.loader.tuned import FORMAT, WorkerSettings
 from trainfast.tune.trial import Trial
 
 
 @dataclass
 class TuneResult:
-    chosen: LoaderConfig
+    chosen: WorkerSettings
     chosen_samples_per_s: float
-    baseline: LoaderConfig
+    baseline: WorkerSettings
     baseline_samples_per_s: float
     trials: list[Trial]
     sweep_seconds: float
@@ -35,9 +35,10 @@ class TuneResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TuneResult:
-        trials = [Trial(LoaderConfig.from_json(t["config"]), t["samples_per_s"], t["seconds"]) for t in data["trials"]]
-        return cls(LoaderConfig.from_json(data["chosen"]), data["chosen_samples_per_s"],
-                   LoaderConfig.from_json(data["baseline"]), data["baseline_samples_per_s"], trials,
+        trials = [Trial(WorkerSettings.from_json(t["config"]), t["samples_per_s"], t["seconds"])
+                  for t in data["trials"]]
+        return cls(WorkerSettings.from_json(data["chosen"]), data["chosen_samples_per_s"],
+                   WorkerSettings.from_json(data["baseline"]), data["baseline_samples_per_s"], trials,
                    data["sweep_seconds"], data["key"], data.get("describes", {}))
 
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
-from trainfast.loader.tuned import LoaderConfig
+from trainfast.loader.tuned import WorkerSettings
 from trainfast.tune.trial import Trial
 
 # A worker that adds less than this is not worth its core and memory (the noise between runs here is ~3 %).
@@ -46,14 +46,14 @@ def threads_for(cpus: int, workers: int) -> int:
     return max(1, cpus - workers)
 
 
-def search(measure: Callable[[LoaderConfig], Trial], *, cpus: int, cpu_training: bool, cuda: bool,
+def search(measure: Callable[[WorkerSettings], Trial], *, cpus: int, cpu_training: bool, cuda: bool,
            budget_s: float, compute_rate: float | None = None, max_workers: int | None = None) -> list[Trial]:
     """Run the trials `measure` makes, in the order above, until done or `budget_s` is spent."""
     started = time.perf_counter()
     trials: list[Trial] = []
-    seen: set[LoaderConfig] = set()
+    seen: set[WorkerSettings] = set()
 
-    def trial(config: LoaderConfig) -> Trial | None:
+    def trial(config: WorkerSettings) -> Trial | None:
         if config in seen or (trials and time.perf_counter() - started > budget_s):  # the baseline always runs
             return None
         seen.add(config)
@@ -61,11 +61,11 @@ def search(measure: Callable[[LoaderConfig], Trial], *, cpus: int, cpu_training:
         trials.append(result)
         return result
 
-    def worker_config(workers: int) -> LoaderConfig:
-        return LoaderConfig(num_workers=workers, prefetch_factor=2 if workers else None, pin_memory=cuda,
+    def worker_config(workers: int) -> WorkerSettings:
+        return WorkerSettings(num_workers=workers, prefetch_factor=2 if workers else None, pin_memory=cuda,
                             cpu_threads=threads_for(cpus, workers) if cpu_training else None)
 
-    baseline = trial(LoaderConfig(num_workers=0))
+    baseline = trial(WorkerSettings(num_workers=0))
     assert baseline is not None  # the first trial always runs
     limit = max_workers if max_workers is not None else (cpus if cpu_training else max(1, cpus - 1))
     # On CUDA the worker counts are compared pinned, from none: the unpinned baseline is the tutorials' "before",

@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainfast.data.images import Normalize
-from trainfast.loader.prefetch import InputTransform, move
+from trainfast.loader.prefetch import InputTransform, Normalize, move
 from trainfast.precision.policy import LossScaler, device_caps, resolve_precision
 from trainfast.trainer.config import TrainConfig
 from trainfast.trainer.optimizer import default_optimizer

@@ -8,7 +8,7 @@ from typing import Any
 
 from trainfast.device import DeviceClock
 from trainfast.loader.make import make_loader
-from trainfast.loader.tuned import LoaderConfig as LoaderConfig  # re-exported: what a trial measures
+from trainfast.loader.tuned import WorkerSettings as WorkerSettings  # re-exported: what a trial measures
 from trainfast.samples import batch_samples
 from trainfast.trainer.settings import torch_settings
 from trainfast.trainer.step import TrainStep
@@ -16,7 +16,7 @@ from trainfast.trainer.step import TrainStep
 
 @dataclass(frozen=True)
 class Trial:
-    config: LoaderConfig
+    config: WorkerSettings
     samples_per_s: float
     seconds: float  # wall time the trial took, start-up included
 
@@ -24,7 +24,7 @@ class Trial:
         return {"config": self.config.to_json(), "samples_per_s": self.samples_per_s, "seconds": self.seconds}
 
 
-def run_trial(dataset: Any, batch_size: int, config: LoaderConfig, *, step_fn: TrainStep | None, batches: int,
+def run_trial(dataset: Any, batch_size: int, config: WorkerSettings, *, step_fn: TrainStep | None, batches: int,
               warmup: int, device: str = "auto") -> Trial:
     """Samples/s over `batches` batches after `warmup` (worker start-up, first-batch effects excluded).
 

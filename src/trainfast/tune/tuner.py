@@ -13,7 +13,7 @@ import torch
 from trainfast.device import DeviceClock
 from trainfast.host import available_cpus
 from trainfast.loader.make import make_loader
-from trainfast.loader.tuned import LoaderConfig, cache_key
+from trainfast.loader.tuned import WorkerSettings, cache_key
 from trainfast.samples import batch_samples
 from trainfast.trainer.step import TrainStep
 from trainfast.tune import result as cache
@@ -70,13 +70,13 @@ def tune_loader(dataset: Any, batch_size: int, step_fn: TrainStep | None = None,
     with _quiet():
         compute_rate = _compute_rate(dataset, batch_size, step_fn, device=device) if step_fn is not None else None
         if batches is None:  # size every trial from the baseline's speed so the whole search fits the budget
-            probe = run_trial(dataset, batch_size, LoaderConfig(0), step_fn=step_fn, batches=MIN_BATCHES, warmup=2,
+            probe = run_trial(dataset, batch_size, WorkerSettings(0), step_fn=step_fn, batches=MIN_BATCHES, warmup=2,
                               device=device)
             per_batch_s = batch_size / probe.samples_per_s if probe.samples_per_s else 1.0
             batches = int(min(MAX_BATCHES, max(MIN_BATCHES, budget_s * TRIAL_SHARE / per_batch_s)))
         trial_batches = batches
 
-        def measure(config: LoaderConfig) -> Trial:
+        def measure(config: WorkerSettings) -> Trial:
             warmup = 2 + config.num_workers * (config.prefetch_factor or 2)  # past the filled queues
             trial = run_trial(dataset, batch_size, config, step_fn=step_fn, batches=trial_batches, warmup=warmup,
                               device=device)

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from trainfast.data.images import Normalize
 from trainfast.loader import Loader, TensorLoader, make_loader
 from trainfast.loader.auto import TINY_DATASET
+from trainfast.loader.prefetch import Normalize
 
 
 class Draws(Dataset[torch.Tensor]):

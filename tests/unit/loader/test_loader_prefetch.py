@@ -10,9 +10,8 @@ import pytest
 import torch
 
 import trainfast.loader.prefetch as prefetch
-from trainfast.data.images import Normalize
 from trainfast.loader import DevicePrefetcher
-from trainfast.loader.prefetch import move
+from trainfast.loader.prefetch import Normalize, move
 
 
 def uint8_images(n: int = 2, size: int = 16) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from trainfast.loader import Loader, make_loader, tuned
-from trainfast.loader.tuned import LoaderConfig
+from trainfast.loader.tuned import WorkerSettings
 from trainfast.tune import result as tune_result
 from trainfast.tune.trial import Trial
 
@@ -68,13 +68,13 @@ def test_the_key_is_the_one_earlier_versions_used(fixed_hardware: None) -> None:
 def test_a_file_written_before_the_move_still_loads(cache_dir: Path, fixed_hardware: None) -> None:
     path = write(tensors(), 4, EARLIER_RECORD)
     assert path == cache_dir / "tune" / "1e1b75adb4a8f8930153.json"
-    assert tuned.load(tensors(), 4, device="cpu") == LoaderConfig(2, 2, False, 1)
+    assert tuned.load(tensors(), 4, device="cpu") == WorkerSettings(2, 2, False, 1)
     loaded = tune_result.load(tensors(), 4, device="cpu")
     assert loaded is not None and loaded.to_json() == EARLIER_RECORD
 
 
 def test_save_then_load_round_trip(cache_dir: Path) -> None:
-    chosen, baseline = LoaderConfig(3, 4, True, 2), LoaderConfig(0)
+    chosen, baseline = WorkerSettings(3, 4, True, 2), WorkerSettings(0)
     key, describes = tuned.cache_key(tensors(), 4, with_step=False, device="cpu")
     trials = [Trial(baseline, 50.0, 1.0), Trial(chosen, 250.0, 2.0)]
     result = tune_result.TuneResult(chosen, 250.0, baseline, 50.0, trials, 9.0, key, describes)
@@ -83,8 +83,8 @@ def test_save_then_load_round_trip(cache_dir: Path) -> None:
     assert tuned.load(tensors(), 4, device="cpu") == chosen
     assert tune_result.load(tensors(), 4, device="cpu") == result
     # the loader's own writer: any record with a `chosen` configuration
-    tuned.save(key, {"chosen": LoaderConfig(1).to_json()})
-    assert tuned.load(tensors(), 4, device="cpu") == LoaderConfig(1)
+    tuned.save(key, {"chosen": WorkerSettings(1).to_json()})
+    assert tuned.load(tensors(), 4, device="cpu") == WorkerSettings(1)
 
 
 def test_nothing_cached_is_none(cache_dir: Path) -> None:
@@ -93,10 +93,10 @@ def test_nothing_cached_is_none(cache_dir: Path) -> None:
 
 
 def test_the_step_record_comes_first_then_the_loader_alone(cache_dir: Path) -> None:
-    write(tensors(), 4, {"chosen": LoaderConfig(1).to_json()}, with_step=False)
-    assert tuned.load(tensors(), 4, device="cpu") == LoaderConfig(1)
-    write(tensors(), 4, {"chosen": LoaderConfig(2, 2).to_json()}, with_step=True)
-    assert tuned.load(tensors(), 4, device="cpu") == LoaderConfig(2, 2)
+    write(tensors(), 4, {"chosen": WorkerSettings(1).to_json()}, with_step=False)
+    assert tuned.load(tensors(), 4, device="cpu") == WorkerSettings(1)
+    write(tensors(), 4, {"chosen": WorkerSettings(2, 2).to_json()}, with_step=True)
+    assert tuned.load(tensors(), 4, device="cpu") == WorkerSettings(2, 2)
 
 
 @pytest.mark.parametrize("text", [
@@ -119,8 +119,8 @@ def test_a_damaged_record_is_skipped_with_a_warning(cache_dir: Path, warnings: p
     path = write(tensors(), 4, None, text=text)
     assert tuned.load(tensors(), 4, device="cpu") is None
     assert f"ignoring unreadable tuning result {path}" in warnings.text
-    write(tensors(), 4, {"chosen": LoaderConfig(1).to_json()}, with_step=False)
-    assert tuned.load(tensors(), 4, device="cpu") == LoaderConfig(1)  # the loader-alone record behind it
+    write(tensors(), 4, {"chosen": WorkerSettings(1).to_json()}, with_step=False)
+    assert tuned.load(tensors(), 4, device="cpu") == WorkerSettings(1)  # the loader-alone record behind it
 
 
 def test_every_part_of_the_key_tells_records_apart(monkeypatch: pytest.MonkeyPatch) -> None:

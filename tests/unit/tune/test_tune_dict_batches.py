@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from trainfast.loader.tuned import LoaderConfig
+from trainfast.loader.tuned import WorkerSettings
 from trainfast.tune import trial as trial_module
 from trainfast.tune import tuner
 from trainfast.tune.trial import run_trial
@@ -39,7 +39,7 @@ def _spy_on_batch_samples(monkeypatch: pytest.MonkeyPatch, module: ModuleType) -
 def test_a_trial_counts_the_samples_of_dict_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     counted = _spy_on_batch_samples(monkeypatch, trial_module)
     steps: list[Any] = []
-    trial = run_trial(Tokens(), 8, LoaderConfig(0), step_fn=steps.append, batches=6, warmup=2, device="cpu")
+    trial = run_trial(Tokens(), 8, WorkerSettings(0), step_fn=steps.append, batches=6, warmup=2, device="cpu")
     assert counted == [8] * 6  # the 40 samples are cycled: 5 batches of 8 a pass
     assert all(isinstance(batch, dict) for batch in steps) and len(steps) == 8
     assert trial.samples_per_s > 0

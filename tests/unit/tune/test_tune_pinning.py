@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from trainfast.loader.tuned import LoaderConfig
+from trainfast.loader.tuned import WorkerSettings
 from trainfast.tune.search import cheapest_within, search
 from trainfast.tune.trial import Trial
 
 
 def fake_measure(rates: dict[int, float], unpinned: float = 1.0):  # type: ignore[no-untyped-def]
     """Throughput by worker count, times `unpinned` without pinning; records the configurations measured."""
-    calls: list[LoaderConfig] = []
+    calls: list[WorkerSettings] = []
 
-    def measure(config: LoaderConfig) -> Trial:
+    def measure(config: WorkerSettings) -> Trial:
         calls.append(config)
         rate = rates[min(config.num_workers, max(rates))] * (1.0 if config.pin_memory else unpinned)
         return Trial(config, rate, 0.1)
@@ -25,25 +25,25 @@ def fake_measure(rates: dict[int, float], unpinned: float = 1.0):  # type: ignor
 def test_cuda_search_pins_every_trial_and_keeps_pinning(unpinned: float) -> None:
     measure, calls = fake_measure({0: 100, 1: 180, 2: 250, 3: 250}, unpinned=unpinned)
     trials = search(measure, cpus=8, cpu_training=False, cuda=True, budget_s=60)
-    assert calls[0] == LoaderConfig(0)  # the tutorials' "before" stays the baseline
+    assert calls[0] == WorkerSettings(0)  # the tutorials' "before" stays the baseline
     series = calls[1:-1]
     assert series and all(c.pin_memory for c in series)
-    assert LoaderConfig(0, None, True) in series and LoaderConfig(2, 2, True) in series
-    assert calls[-1] == LoaderConfig(2, 2, False)  # the alternative: the best configuration, unpinned, tried last
-    assert cheapest_within(trials, cuda=True).config == LoaderConfig(2, 2, True)
+    assert WorkerSettings(0, None, True) in series and WorkerSettings(2, 2, True) in series
+    assert calls[-1] == WorkerSettings(2, 2, False)  # the alternative: the best configuration, unpinned, tried last
+    assert cheapest_within(trials, cuda=True).config == WorkerSettings(2, 2, True)
 
 
 def test_cuda_search_without_workers_still_compares_pinning() -> None:
     measure, calls = fake_measure({0: 100, 1: 101}, unpinned=0.9)
     trials = search(measure, cpus=8, cpu_training=False, cuda=True, budget_s=60)
-    assert LoaderConfig(0, None, True) in calls and LoaderConfig(0) in calls
-    assert cheapest_within(trials, cuda=True).config == LoaderConfig(0, None, True)
+    assert WorkerSettings(0, None, True) in calls and WorkerSettings(0) in calls
+    assert cheapest_within(trials, cuda=True).config == WorkerSettings(0, None, True)
 
 
 def test_unpinned_wins_on_cuda_only_when_clearly_faster() -> None:
     measure, _ = fake_measure({0: 100, 1: 180, 2: 250, 3: 250}, unpinned=1.10)
     trials = search(measure, cpus=8, cpu_training=False, cuda=True, budget_s=60)
-    assert cheapest_within(trials, cuda=True).config == LoaderConfig(2, 2, False)
+    assert cheapest_within(trials, cuda=True).config == WorkerSettings(2, 2, False)
 
 
 def test_cpu_search_never_pins() -> None:
@@ -54,11 +54,11 @@ def test_cpu_search_never_pins() -> None:
 
 @pytest.mark.parametrize(("cuda", "pinned"), [(True, True), (False, False)])
 def test_ties_go_to_the_expected_pinning(cuda: bool, pinned: bool) -> None:
-    trials = [Trial(LoaderConfig(2, 2, False), 200, 1), Trial(LoaderConfig(2, 2, True), 199, 1)]
+    trials = [Trial(WorkerSettings(2, 2, False), 200, 1), Trial(WorkerSettings(2, 2, True), 199, 1)]
     assert cheapest_within(trials, cuda=cuda).config.pin_memory is pinned
     assert cheapest_within(list(reversed(trials)), cuda=cuda).config.pin_memory is pinned
 
 
 def test_pinning_does_not_outrank_fewer_workers_on_cuda() -> None:
-    trials = [Trial(LoaderConfig(1, 2, False), 200, 1), Trial(LoaderConfig(2, 2, True), 201, 1)]
-    assert cheapest_within(trials, cuda=True).config == LoaderConfig(1, 2, False)
+    trials = [Trial(WorkerSettings(1, 2, False), 200, 1), Trial(WorkerSettings(2, 2, True), 201, 1)]
+    assert cheapest_within(trials, cuda=True).config == WorkerSettings(1, 2, False)

@@ -14,7 +14,7 @@ from torch import nn
 from trainfast import make_loader
 from trainfast.data.images import ImageFolder
 from trainfast.loader import tuned as cache
-from trainfast.loader.tuned import LoaderConfig
+from trainfast.loader.tuned import WorkerSettings
 from trainfast.tune import result as tune_result
 from trainfast.tune.search import cheapest_within, search
 from trainfast.tune.trial import Trial
@@ -23,9 +23,9 @@ from trainfast.tune.tuner import tune_loader
 
 def fake_measure(rates: dict[int, float], per_thread: dict[int, float] | None = None):  # type: ignore[no-untyped-def]
     """Throughput by worker count (and an optional bonus by thread count); records what was measured."""
-    calls: list[LoaderConfig] = []
+    calls: list[WorkerSettings] = []
 
-    def measure(config: LoaderConfig) -> Trial:
+    def measure(config: WorkerSettings) -> Trial:
         calls.append(config)
         rate = rates[min(config.num_workers, max(rates))] * (per_thread or {}).get(config.cpu_threads or 0, 1.0)
         if config.prefetch_factor == 4:
@@ -45,7 +45,7 @@ def test_grows_workers_while_they_pay(rates: dict[int, float], cpus: int, worker
     chosen = cheapest_within(trials)
     assert chosen.config.num_workers == workers
     assert len(calls) <= cpus + 3  # never the full grid
-    assert calls[0] == LoaderConfig(0)  # the baseline comes first
+    assert calls[0] == WorkerSettings(0)  # the baseline comes first
 
 
 def test_stops_when_the_loader_meets_the_compute_rate() -> None:
@@ -58,9 +58,9 @@ def test_cpu_training_pairs_workers_with_threads_and_tries_the_other_split() -> 
     measure, calls = fake_measure({0: 100, 1: 200, 2: 230}, per_thread={1: 1.0, 2: 1.2})
     trials = search(measure, cpus=2, cpu_training=True, cuda=False, budget_s=60)
     # each worker count comes with the threads left beside it (2 CPUs: 1 thread), then the best gets one more
-    assert LoaderConfig(1, 2, False, 1) in calls and LoaderConfig(2, 2, False, 1) in calls
-    assert LoaderConfig(2, 2, False, 2) in calls
-    assert cheapest_within(trials).config == LoaderConfig(2, 2, False, 2)  # 276 beats 230 and 200
+    assert WorkerSettings(1, 2, False, 1) in calls and WorkerSettings(2, 2, False, 1) in calls
+    assert WorkerSettings(2, 2, False, 2) in calls
+    assert cheapest_within(trials).config == WorkerSettings(2, 2, False, 2)  # 276 beats 230 and 200
 
 
 def test_pinned_memory_only_tried_for_cuda() -> None:
@@ -75,14 +75,14 @@ def test_pinned_memory_only_tried_for_cuda() -> None:
 def test_budget_stops_the_search() -> None:
     measure, calls = fake_measure({0: 100, 1: 200, 2: 300, 3: 400})
     search(measure, cpus=16, cpu_training=False, cuda=True, budget_s=0.0)
-    assert calls == [LoaderConfig(0)]  # only the baseline, which always runs
+    assert calls == [WorkerSettings(0)]  # only the baseline, which always runs
 
 
 def test_cheapest_within_tolerance() -> None:
-    trials = [Trial(LoaderConfig(0), 100, 1), Trial(LoaderConfig(2, 2), 200, 1), Trial(LoaderConfig(4, 2), 205, 1),
-              Trial(LoaderConfig(2, 4), 199, 1)]
-    assert cheapest_within(trials).config == LoaderConfig(2, 2)  # 200 is within 3 % of 205 and cheaper
-    assert cheapest_within(trials, tolerance=0.0).config == LoaderConfig(4, 2)
+    trials = [Trial(WorkerSettings(0), 100, 1), Trial(WorkerSettings(2, 2), 200, 1),
+              Trial(WorkerSettings(4, 2), 205, 1), Trial(WorkerSettings(2, 4), 199, 1)]
+    assert cheapest_within(trials).config == WorkerSettings(2, 2)  # 200 is within 3 % of 205 and cheaper
+    assert cheapest_within(trials, tolerance=0.0).config == WorkerSettings(4, 2)
     with pytest.raises(ValueError, match="no trial"):
         cheapest_within([])
 

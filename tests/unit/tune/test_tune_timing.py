@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from trainfast import device as device_module
-from trainfast.loader.tuned import LoaderConfig
+from trainfast.loader.tuned import WorkerSettings
 from trainfast.tune import batch_size as bs
 from trainfast.tune import trial as trial_module
 from trainfast.tune import tuner
@@ -96,7 +96,7 @@ def test_compute_rate_syncs_after_the_warm_up_and_before_stopping(events: Events
 
 @pytest.mark.parametrize("warmup", [1, 2])
 def test_a_trial_syncs_after_the_warm_up_and_before_stopping(events: Events, warmup: int) -> None:
-    trial = run_trial(data(), 4, LoaderConfig(0), step_fn=lambda batch: events.append(("step",)), batches=3,
+    trial = run_trial(data(), 4, WorkerSettings(0), step_fn=lambda batch: events.append(("step",)), batches=3,
                       warmup=warmup, device="cuda:1")
     steps = [i for i, e in enumerate(events) if e == ("step",)]
     assert len(steps) == warmup + 3
@@ -107,7 +107,7 @@ def test_a_trial_syncs_after_the_warm_up_and_before_stopping(events: Events, war
 
 
 def test_a_trial_without_warm_up_starts_its_clock_before_the_first_batch(events: Events) -> None:
-    trial = run_trial(data(), 4, LoaderConfig(0), step_fn=lambda batch: events.append(("step",)), batches=3,
+    trial = run_trial(data(), 4, WorkerSettings(0), step_fn=lambda batch: events.append(("step",)), batches=3,
                       warmup=0, device="cuda:1")
     first = events.index(("step",))
     assert events[first - 2:first] == [SYNC, CLOCK]
