@@ -65,7 +65,7 @@ from trainfast.trainer.result import FitResult
 from trainfast.trainer.schedule import warmup_cosine
 from trainfast.trainer.settings import torch_settings
 from trainfast.trainer.signals import EXIT_CODE, StopSchedule, StopSignal, parse_signals, workers_ignore
-from trainfast.trainer.step import LossOf, forward_backward, optimizer_step
+from trainfast.trainer.step import LossOf, forward_backward, optimizer_step, renamed_step_fn
 
 log = logging.getLogger("trainfast")
 RATE_WINDOW = 50  # steps over which the progress display averages samples/s and data wait
@@ -83,13 +83,13 @@ class TrainingOutOfMemoryError(torch.OutOfMemoryError):
 class Trainer:
     """Train `model` with AdamW + warm-up cosine (unless given an optimizer) and cross-entropy (unless given a loss).
 
-    A batch is `(inputs, targets)`; for anything else pass `step_fn(model, batch) -> loss`.
+    A batch is `(inputs, targets)`; for anything else pass `batch_loss(model, batch) -> loss`.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                  config: TrainConfig | None = None, callbacks: Sequence[object] = (), *,
-                 step_fn: LossOf | None = None) -> None:
+                 batch_loss: LossOf | None = None, step_fn: LossOf | None = None) -> None:
         self.config = cfg = config or TrainConfig()
         self.dist = dist_info()  # torchrun's RANK / LOCAL_RANK / WORLD_SIZE, or a single process
         check_callbacks(callbacks)
@@ -111,7 +111,7 @@ class Trainer:
                                    requested_precision=cfg.precision, requested_channels_last=cfg.channels_last,
                                    requested_compile=cfg.compile)
         self.loss_fn = loss_fn or F.cross_entropy
-        self.step_fn = step_fn
+        self.batch_loss = renamed_step_fn(batch_loss, step_fn)
         self.scaler = LossScaler(self.device, precision.needs_scaler, cfg.scaler)
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         self.clock = StepClock()
@@ -293,8 +293,8 @@ class Trainer:
             self.scheduler.step()
 
     def _loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        if self.step_fn is not None:
-            return self.step_fn(model, batch)
+        if self.batch_loss is not None:
+            return self.batch_loss(model, batch)
         try:
             if isinstance(batch, Mapping):  # unpacking would take its first two keys as (inputs, targets)
                 raise TypeError
@@ -303,7 +303,7 @@ class Trainer:
             shape = (f" with keys {list(batch)}" if isinstance(batch, Mapping)
                      else f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
             raise TypeError(f"a batch must be (inputs, targets); got {type(batch).__name__}{shape}. For other "
-                            "batch layouts pass Trainer(..., step_fn=lambda model, batch: loss)") from None
+                            "batch layouts pass Trainer(..., batch_loss=lambda model, batch: loss)") from None
         return self.loss_fn(model(inputs), targets)
 
     # ---------------------------------------------------------------- logging and metrics
@@ -366,8 +366,8 @@ class Trainer:
                 if self.config.limit_val_batches is not None and i >= self.config.limit_val_batches:
                     break
                 n = batch_samples(batch)
-                if self.step_fn is not None:
-                    loss_sum += self.step_fn(model, batch).float() * n
+                if self.batch_loss is not None:
+                    loss_sum += self.batch_loss(model, batch).float() * n
                     classify = False
                 else:
                     inputs, targets = batch

@@ -4,6 +4,7 @@ optimizer step and zero_grad. The Trainer's loop, the tuner's co-running step, `
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -15,6 +16,18 @@ from trainfast.precision.policy import LossScaler
 
 LossOf = Callable[[nn.Module, Any], torch.Tensor]  # (model, batch) -> the batch's loss: Trainer/find_batch_size
 TrainStep = Callable[[Any], Any]  # (batch) -> None: a whole training step, as tune_loader and diagnose co-run it
+RENAMED_STEP_FN = ("step_fn is now batch_loss (model, batch) -> loss; step_fn means a whole training step "
+                   "(batch) -> None, as in tune_loader and diagnose")
+
+
+def renamed_step_fn(batch_loss: LossOf | None, step_fn: LossOf | None) -> LossOf | None:
+    """`batch_loss`, or the same callable passed under its old name (with a DeprecationWarning)."""
+    if step_fn is None:
+        return batch_loss
+    if batch_loss is not None:
+        raise TypeError("pass batch_loss only (step_fn is its old name)")
+    warnings.warn(RENAMED_STEP_FN, DeprecationWarning, stacklevel=3)
+    return step_fn
 
 
 def forward_backward(model: nn.Module, batch: Any, loss_of: LossOf, autocast: AbstractContextManager[object],

@@ -31,7 +31,7 @@ from trainfast.oom import EXPANDABLE, MemorySnapshot, first_line, fragmented, is
 from trainfast.oom import memory_at_oom as _memory_at_oom  # a module global: tests fake it
 from trainfast.oom import requested_bytes as _requested_bytes
 from trainfast.precision.policy import PrecisionPolicy, device_caps, resolve_precision
-from trainfast.trainer.step import LossOf, forward_backward
+from trainfast.trainer.step import LossOf, forward_backward, renamed_step_fn
 
 log = logging.getLogger("trainfast")
 Sample = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
@@ -64,12 +64,13 @@ class BatchSizeResult:
 
 
 def find_batch_size(model: nn.Module, sample: Sample, *, precision: str = "auto", device: str = "auto",
-                    start: int = 8, max_batch: int = 4096, step_fn: LossOf | None = None) -> BatchSizeResult:
+                    start: int = 8, max_batch: int = 4096, batch_loss: LossOf | None = None,
+                    step_fn: LossOf | None = None) -> BatchSizeResult:
     """The largest batch size (within `RESOLUTION`) for which a training step of `model` fits in memory.
 
     `sample` is one input without the batch dimension, or `(input, target)`; batches repeat it (as the
     model would receive it: float and normalised). Without a target the loss is cross-entropy against
-    class 0 for a 2-D output, else the output's mean. `step_fn(model, batch) -> loss` replaces that: its
+    class 0 for a 2-D output, else the output's mean. `batch_loss(model, batch) -> loss` replaces that: its
     batch is `(inputs, targets)` for a pair, else the inputs tensor; the backward pass is done here.
     Forward and loss run under the resolved precision's autocast (no loss scaling: it does not change
     memory). The model is moved to `device` for the search and back afterwards; existing gradients are
@@ -77,7 +78,8 @@ def find_batch_size(model: nn.Module, sample: Sample, *, precision: str = "auto"
     first to include it). On the CPU the kernel may kill the process instead of failing an allocation,
     so keep `max_batch` modest there.
     """
-    _check_arguments(model, sample, start, max_batch, step_fn)
+    batch_loss = renamed_step_fn(batch_loss, step_fn)
+    _check_arguments(model, sample, start, max_batch, batch_loss)
     dev = resolve_device(device)
     policy = resolve_precision(precision, device_caps(dev))
     inputs, targets = sample if isinstance(sample, tuple) else (sample, None)
@@ -93,7 +95,7 @@ def find_batch_size(model: nn.Module, sample: Sample, *, precision: str = "auto"
         nonlocal suspect, last_oom
         clock.start()  # the model's and the sample's copies to the device are not this try's time
         try:
-            _train_step(model, x, y, batch, policy, step_fn)
+            _train_step(model, x, y, batch, policy, batch_loss)
             ok = True
         except Exception as e:
             if not is_oom(e):
@@ -154,12 +156,12 @@ def search(fits: Callable[[int], bool], start: int, max_batch: int) -> tuple[int
 
 
 def _train_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | None, batch: int,
-                policy: PrecisionPolicy, step_fn: LossOf | None) -> None:
+                policy: PrecisionPolicy, batch_loss: LossOf | None) -> None:
     """One forward + backward on `batch` copies of the sample; its tensors die when it returns or raises."""
     x = _repeat(inputs, batch)
     y = None if targets is None else _repeat(targets, batch)
     with torch.enable_grad():
-        forward_backward(model, x if y is None else (x, y), step_fn or _default_loss_of, policy.autocast())
+        forward_backward(model, x if y is None else (x, y), batch_loss or _default_loss_of, policy.autocast())
     synchronize(x.device)  # an asynchronous failure belongs to this try, and so does its time
 
 
@@ -242,7 +244,7 @@ def _describe(sample: Sample) -> str:
     return str(tuple(sample.shape))
 
 
-def _check_arguments(model: object, sample: object, start: object, max_batch: object, step_fn: object) -> None:
+def _check_arguments(model: object, sample: object, start: object, max_batch: object, batch_loss: object) -> None:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
     pair = isinstance(sample, tuple) and len(sample) == 2 and all(isinstance(t, torch.Tensor) for t in sample)
@@ -259,5 +261,6 @@ def _check_arguments(model: object, sample: object, start: object, max_batch: ob
     if max_batch < start:
         raise ValueError(f"max_batch={max_batch} is smaller than start={start}; pass max_batch >= {start} or a "
                          "smaller start")
-    if step_fn is not None and not callable(step_fn):
-        raise TypeError(f"step_fn must be callable as step_fn(model, batch) -> loss; got {type(step_fn).__name__}")
+    if batch_loss is not None and not callable(batch_loss):
+        raise TypeError(f"batch_loss must be callable as batch_loss(model, batch) -> loss; got "
+                        f"{type(batch_loss).__name__}")

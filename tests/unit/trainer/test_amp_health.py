@@ -66,7 +66,7 @@ def test_under_accumulation_skips_are_compared_with_optimizer_steps(caplog: pyte
     Counted against the 4 micro-batches of a log window, 2 skips looked like an fp16 scale settling."""
     cfg = TrainConfig(epochs=1, log_every=2, accumulate=2, device="cpu", progress=False, monitor=False,
                       precision="16-mixed", grad_clip=None)
-    trainer = Trainer(nn.Linear(4, 2), config=cfg, step_fn=inf_loss)
+    trainer = Trainer(nn.Linear(4, 2), config=cfg, batch_loss=inf_loss)
     with caplog.at_level(logging.WARNING, logger="trainfast"), pytest.raises(NonFiniteLossError):
         trainer.fit(make_loader(data(), 8, device="cpu"))
     assert trainer.scaler.skipped_steps == 2 and trainer.step == 2

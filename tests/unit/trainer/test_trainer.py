@@ -249,14 +249,14 @@ def test_callback_with_a_misspelt_event_is_rejected() -> None:
         Trainer(nn.Linear(2, 2), config=config(), callbacks=[Typo()])
 
 
-def test_step_fn_and_batch_layout_errors() -> None:
+def test_batch_loss_and_batch_layout_errors() -> None:
     x, y = blobs(n=64)
     triples = [(x[i:i + 16], y[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)]
     trainer = Trainer(nn.Linear(8, 4), config=config(epochs=1))
-    with pytest.raises(TypeError, match=r"a batch must be \(inputs, targets\); got tuple of length 3.*step_fn"):
+    with pytest.raises(TypeError, match=r"a batch must be \(inputs, targets\); got tuple of length 3.*batch_loss"):
         trainer.fit(triples)
     model = nn.Linear(8, 4)
-    trainer = Trainer(model, config=config(epochs=1), step_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
+    trainer = Trainer(model, config=config(epochs=1), batch_loss=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
     assert trainer.fit(triples).steps == 4
 
 

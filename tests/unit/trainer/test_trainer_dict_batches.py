@@ -1,4 +1,4 @@
-"""The Trainer on dict (Hugging Face style) batches: a step_fn trains on them, samples/s counts samples (the
+"""The Trainer on dict (Hugging Face style) batches: a batch_loss trains on them, samples/s counts samples (the
 leading dimension of the first tensor), the device move keeps them dicts, and the default (inputs, targets)
 path refuses a dict clearly instead of unpacking its keys."""
 
@@ -40,7 +40,7 @@ def dict_step(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def test_samples_per_s_counts_the_samples_of_dict_batches() -> None:
-    trainer = Trainer(nn.Linear(8, 4), config=config(), step_fn=dict_step)
+    trainer = Trainer(nn.Linear(8, 4), config=config(), batch_loss=dict_step)
     result = trainer.fit(DataLoader(Features(64), batch_size=16), DataLoader(Features(20), batch_size=8))
     assert trainer.clock.samples == [16, 16, 16, 16]  # samples per step, not 1 per dict
     summary = trainer.clock.summary()
@@ -53,7 +53,7 @@ def test_dict_and_tuple_batches_count_alike() -> None:
     features = Features(48)
     tuple_trainer = Trainer(nn.Linear(8, 4), config=config())
     tuple_trainer.fit(DataLoader(TensorDataset(features.x, features.y), batch_size=12))
-    dict_trainer = Trainer(nn.Linear(8, 4), config=config(), step_fn=dict_step)
+    dict_trainer = Trainer(nn.Linear(8, 4), config=config(), batch_loss=dict_step)
     dict_trainer.fit(DataLoader(features, batch_size=12))
     assert dict_trainer.clock.samples == tuple_trainer.clock.samples == [12] * 4
 
@@ -76,13 +76,21 @@ def test_nested_and_mapping_batches_are_moved_and_counted() -> None:
         seen.append(type(fields))
         return F.cross_entropy(model(fields["inputs"]["features"]), fields["labels"])
 
-    trainer = Trainer(nn.Linear(8, 4), config=config(channels_last=True), step_fn=step)
+    trainer = Trainer(nn.Linear(8, 4), config=config(channels_last=True), batch_loss=step)
     trainer.fit(Nested())
     assert seen == [dict] * 3 and trainer.clock.samples == [5] * 3
 
 
-def test_a_dict_batch_without_step_fn_is_refused_not_unpacked() -> None:
+def test_a_dict_batch_without_batch_loss_is_refused_not_unpacked() -> None:
     """`inputs, targets = {"features": ..., "labels": ...}` would bind the two keys; the error names them."""
     trainer = Trainer(nn.Linear(8, 4), config=config())
-    with pytest.raises(TypeError, match=r"got dict with keys \['features', 'labels'\].*step_fn"):
+    with pytest.raises(TypeError, match=r"got dict with keys \['features', 'labels'\].*batch_loss"):
         trainer.fit(DataLoader(Features(32), batch_size=8))
+
+
+def test_the_old_step_fn_name_still_works_with_a_deprecation_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="step_fn is now batch_loss"):
+        trainer = Trainer(nn.Linear(8, 4), config=config(), step_fn=dict_step)
+    assert trainer.batch_loss is dict_step
+    with pytest.raises(TypeError, match="pass batch_loss only"):
+        Trainer(nn.Linear(8, 4), config=config(), step_fn=dict_step, batch_loss=dict_step)

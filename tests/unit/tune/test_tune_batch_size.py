@@ -174,7 +174,7 @@ def test_eval_mode_restored_after_a_search_with_ooms() -> None:
         seen.append(m.training)
         return torch.as_tensor(m(x)).sum()
 
-    assert find_batch_size(model, torch.randn(4), device="cpu", step_fn=step).batch_size == 50
+    assert find_batch_size(model, torch.randn(4), device="cpu", batch_loss=step).batch_size == 50
     assert all(seen) and not model.training and not model.net.training
     assert all(p.grad is None for p in model.parameters())
 
@@ -188,7 +188,7 @@ def test_even_one_sample_failing_names_shape_and_device() -> None:
         run(0, start=1)
 
 
-def test_pair_samples_and_step_fn_get_repeated_batches() -> None:
+def test_pair_samples_and_batch_loss_get_repeated_batches() -> None:
     got: list[tuple[torch.Size, torch.Tensor]] = []
 
     def step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -196,7 +196,7 @@ def test_pair_samples_and_step_fn_get_repeated_batches() -> None:
         got.append((inputs.shape, targets))
         return F.cross_entropy(model(inputs), targets)
 
-    result = find_batch_size(FakeOOM(12), (torch.randn(4), torch.tensor(2)), device="cpu", step_fn=step)
+    result = find_batch_size(FakeOOM(12), (torch.randn(4), torch.tensor(2)), device="cpu", batch_loss=step)
     assert result.batch_size == 12
     assert got[0][0] == (8, 4) and torch.equal(got[0][1], torch.full((8,), 2))
 
@@ -219,7 +219,7 @@ def test_forward_runs_under_the_precision_autocast() -> None:
         return torch.as_tensor(model(x)).float().mean()
 
     result = find_batch_size(nn.Linear(4, 3), torch.randn(4), device="cpu", precision="bf16-mixed", max_batch=8,
-                             step_fn=step)
+                             batch_loss=step)
     assert result.precision == "bf16-mixed" and seen == [(True, torch.bfloat16)]
 
 
@@ -282,7 +282,7 @@ def test_logs_one_line_per_try(caplog: pytest.LogCaptureFixture) -> None:
     ({"start": 2.5}, TypeError, r"start=2.5 must be an int"),
     ({"precision": "fp8"}, ValueError, r"precision='fp8' is not valid"),
     ({"device": "gpu"}, ValueError, r"device='gpu' is not valid"),
-    ({"step_fn": 3}, TypeError, r"step_fn must be callable"),
+    ({"batch_loss": 3}, TypeError, r"batch_loss must be callable"),
 ])
 def test_arguments_are_checked(kwargs: dict[str, object], error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
