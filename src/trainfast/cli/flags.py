@@ -60,10 +60,13 @@ def _converter(tp: Any, name: str) -> tuple[Any, bool]:
     base = args[0] if args and typing.get_origin(tp) in (typing.Union, types.UnionType) else tp
     accepts_str = str in args
     kinds = [a for a in (args or [tp]) if a in (int, float)]
+    literals = [v for a in args if typing.get_origin(a) is typing.Literal for v in typing.get_args(a)]
 
     def convert(text: str) -> Any:
         if optional and text.lower() == "none":
             return None
+        if text in literals:  # `int | Literal["auto"]`: the word itself
+            return text
         if bool in args and text.lower() in _BOOLS:
             return _BOOLS[text.lower()]
         for kind in kinds:
@@ -74,7 +77,7 @@ def _converter(tp: Any, name: str) -> tuple[Any, bool]:
         if accepts_str or base is str:
             return text
         what = " or ".join([k.__name__ for k in kinds] + (["true/false"] if bool in args else [])
-                           + (["'none'"] if optional else []))
+                           + [repr(v) for v in literals] + (["'none'"] if optional else []))
         raise argparse.ArgumentTypeError(f"{text!r} is not valid for --{name.replace('_', '-')}; expected {what}")
 
     return convert, False
@@ -82,11 +85,14 @@ def _converter(tp: Any, name: str) -> tuple[Any, bool]:
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = (),
                      defaults: dict[str, Any] | None = None) -> None:
-    """One `--flag` per dataclass field (bools get `--x/--no-x`); defaults come from the dataclass."""
+    """One `--flag` per dataclass field (bools get `--x/--no-x`); defaults come from the dataclass.
+
+    No flag for a field in `skip`, a nested dataclass, or a field whose metadata says `flag=False` (an object
+    such as a function, which no command line can give)."""
     hints = typing.get_type_hints(cls)
     defaults = defaults or {}
     for f in dataclasses.fields(cls):
-        if f.name in skip or dataclasses.is_dataclass(hints[f.name]):
+        if f.name in skip or dataclasses.is_dataclass(hints[f.name]) or f.metadata.get("flag", True) is False:
             continue
         flag = "--" + f.name.replace("_", "-")
         default = defaults.get(f.name, f.default)

@@ -1,34 +1,27 @@
-"""`make_loader`: a DataLoader with every speed setting resolved, and exact, cheap resume."""
+"""`make_loader`: a DataLoader with every speed setting resolved, and exact, cheap resume; `build_loader`, its build
+step (`LoaderOptions` -> `resolve_loader` -> `build_loader`)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
-from typing import Any, Literal, cast
+from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
-from trainfast.device import device_kind
-from trainfast.envcheck.environment import tensors_batch_bytes
-from trainfast.host import available_cpus
-from trainfast.loader import faults
-from trainfast.loader.auto import Auto, LoaderPlan, plan_loader
+from trainfast.loader.auto import Auto, LoaderPlan
 from trainfast.loader.batches import EpochBatches, EpochLoader
-from trainfast.loader.faults import LoaderError, explain_failure, fit_shared_memory
+from trainfast.loader.faults import LoaderError, explain_failure
 from trainfast.loader.memory import TensorLoader
+from trainfast.loader.options import LoaderOptions, Tuned
 from trainfast.loader.prefetch import Normalize
+from trainfast.loader.resolve import LoaderResolution, check_batch_size, resolve_loader
 from trainfast.loader.seeding import seed_all, seeded
-from trainfast.loader.tuned import WorkerSettings
-from trainfast.loader.tuned import load as tuned_config
 
 log = logging.getLogger("trainfast")
-Tuned = Literal["tuned"]
 
 
 class _SeededBatches(Dataset[Any]):
@@ -138,15 +131,6 @@ class _Explained(Iterator[Any]):
             raise error from e
 
 
-def _check_choice(name: str, value: Any, ok: bool, valid: str) -> None:
-    if not ok:
-        raise ValueError(f"{name}={value!r} is not valid; use {valid}")
-
-
-def _is_int(value: Any, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-
 def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int, *, shuffle: bool = True,
                 workers: int | Auto | Tuned = "auto", pin_memory: bool | Auto = "auto",
                 prefetch_factor: int | Auto = "auto", persistent_workers: bool | Auto = "auto",
@@ -169,117 +153,46 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
     tensors and for datasets with `sample_bytes`), prefetch_factor is lowered to 2 or 1 with a warning, and a
     `LoaderError` is raised before any worker starts if even 1 cannot fit.
 
+    The keywords are `LoaderOptions`' fields; this is `build_loader(resolve_loader(dataset, batch_size,
+    LoaderOptions(...)))`, the two steps separately to inspect the plan before anything is built.
+
     >>> loader = make_loader(dataset, 64)          # doctest: +SKIP
     >>> for inputs, targets in loader: ...          # doctest: +SKIP
     """
-    _check_choice("batch_size", batch_size, _is_int(batch_size, 1), "a positive integer")
-    _check_choice("workers", workers, workers in ("auto", "tuned") or _is_int(workers, 0),
-                  "'auto', 'tuned' or an integer >= 0")
-    _check_choice("prefetch_factor", prefetch_factor, prefetch_factor == "auto" or _is_int(prefetch_factor, 1),
-                  "'auto' or an integer >= 1")
-    _check_choice("timeout_s", timeout_s, isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
-                  and math.isfinite(timeout_s) and timeout_s >= 0,
-                  "a number of seconds >= 0 (0 waits for each batch forever)")
-    target = _target_type(device)
-    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
-    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
-    # torchrun starts one process per device; they share this machine's CPUs.
-    local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    cpus = max(1, available_cpus() // local_procs)
+    check_batch_size(batch_size)  # first, as before the options existed
+    options = LoaderOptions(shuffle=shuffle, workers=workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
+                            persistent_workers=persistent_workers, drop_last=drop_last, device=device, seed=seed,
+                            collate_fn=collate_fn, normalize=normalize, rank=rank, world_size=world_size,
+                            multiprocessing_context=multiprocessing_context, timeout_s=timeout_s)
+    return build_loader(resolve_loader(dataset, batch_size, options))
 
-    tensors = _in_memory_tensors(dataset)
-    if tensors is None and not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
-        raise TypeError(f"make_loader needs a map-style dataset (with __getitem__ and __len__) or tensors; "
-                        f"got {type(dataset).__name__}")
-    n = tensors[0].shape[0] if tensors is not None else len(dataset)  # type: ignore[arg-type]
-    tuned = _tuned_settings(dataset, batch_size, target) if workers == "tuned" else None
-    if tuned is not None:
-        workers, prefetch_factor, pin_memory = tuned.num_workers, tuned.prefetch_factor or "auto", tuned.pin_memory
-    plan = plan_loader(workers="auto" if workers == "tuned" else workers, pin_memory=pin_memory,
-                       prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, drop_last=drop_last,
-                       shuffle=shuffle, dataset_len=n, in_memory=tensors is not None, target=target, cpus=cpus,
-                       on_device=tensors is not None and all(t.device.type != "cpu" for t in tensors))
-    if tuned is not None:
-        plan = replace(plan, cpu_threads=tuned.cpu_threads,
-                       reasons=(f"tuned by measurement ({tuned.label()})", *plan.reasons))
-    norm = normalize if normalize is not None else getattr(dataset, "normalize", None)
-    if tensors is not None and plan.num_workers == 0:
+
+def build_loader(resolution: LoaderResolution) -> Loader | TensorLoader:
+    """The loader `resolution` describes (a `TensorLoader` for tensors batched in place, else a `Loader` over a
+    DataLoader); logs its plan. Workers start when it is first iterated, not here."""
+    r, options, plan = resolution, resolution.options, resolution.plan
+    if r.tensors is not None:
         log.info("make_loader: in-memory path; %s", plan.describe())
-        return TensorLoader(tensors, batch_size, shuffle=shuffle, drop_last=plan.drop_last, seed=seed, rank=rank,
-                            world_size=world_size, pin_memory=plan.pin_memory, normalize=norm, plan=plan)
-    on_device = sorted({str(t.device) for t in tensors or () if t.device.type != "cpu"})
-    if on_device:  # worker processes cannot index a GPU's memory (CUDA does not survive fork)
-        raise ValueError(f"workers={plan.num_workers} with tensors on {', '.join(on_device)}: worker processes "
-                         "cannot index device memory; use workers=0 (or 'auto'), which batches them in place")
-    if tensors is not None and not isinstance(dataset, Dataset):
-        dataset = TensorDataset(*tensors)
-    samples = cast(Dataset[Any], dataset)  # any sequence of samples works, as with DataLoader
-    if plan.num_workers > 0:  # before any worker starts: batches pass through /dev/shm
-        plan = _fit_shared_memory(plan, tensors, samples, batch_size)
-    elif timeout_s:
-        plan = replace(plan, reasons=(*plan.reasons, f"timeout_s={timeout_s:g} ignored: it bounds the wait for "
-                                      "worker processes and there are none"))
-    batches = EpochBatches(n, batch_size, shuffle=shuffle, drop_last=plan.drop_last, seed=seed, rank=rank,
-                           world_size=world_size)
-    fetch = _SeededBatches(samples, collate_fn or torch.utils.data.default_collate)
+        return TensorLoader(r.tensors, r.batch_size, shuffle=options.shuffle, drop_last=plan.drop_last,
+                            seed=options.seed, rank=r.rank, world_size=r.world_size, pin_memory=plan.pin_memory,
+                            normalize=r.normalize, plan=plan)
+    batches = EpochBatches(r.length, r.batch_size, shuffle=options.shuffle, drop_last=plan.drop_last,
+                           seed=options.seed, rank=r.rank, world_size=r.world_size)
+    fetch = _SeededBatches(r.samples, options.collate_fn or torch.utils.data.default_collate)
     extra: dict[str, Any] = {}
     if plan.num_workers > 0:
         extra = {"prefetch_factor": plan.prefetch_factor, "persistent_workers": plan.persistent_workers,
-                 "worker_init_fn": _mark_worker, "multiprocessing_context": multiprocessing_context,
-                 "timeout": timeout_s}
+                 "worker_init_fn": _mark_worker, "multiprocessing_context": options.multiprocessing_context,
+                 "timeout": options.timeout_s}
     dataloader = DataLoader(
         fetch, batch_size=None, sampler=batches, num_workers=plan.num_workers, pin_memory=plan.pin_memory,
         collate_fn=_identity,
         # Own generator: DataLoader otherwise draws its worker base seed from the global RNG at every
         # iter(), shifting the training RNG stream (dropout) by one draw per epoch or resume.
-        generator=torch.Generator().manual_seed(seed), **extra)
+        generator=torch.Generator().manual_seed(options.seed), **extra)
     log.info("make_loader: %s", plan.describe())
-    return Loader(dataloader, batches, plan, samples, norm)
-
-
-def _fit_shared_memory(plan: LoaderPlan, tensors: tuple[torch.Tensor, ...] | None, dataset: Any,
-                       batch_size: int) -> LoaderPlan:
-    """`faults.fit_shared_memory` with the free /dev/shm read now and the batch size estimated where it can be:
-    tensors from their shapes, a dataset that declares `sample_bytes` (as `ImageFolder`) from that."""
-    if tensors is not None:
-        batch_bytes = tensors_batch_bytes(tensors, batch_size)
-    else:
-        try:
-            per_sample = getattr(dataset, "sample_bytes", None)
-        except Exception:  # a dataset's __getattr__ may do anything: the estimate is optional
-            per_sample = None
-        batch_bytes = batch_size * per_sample if isinstance(per_sample, int) and _is_int(per_sample, 1) else None
-    plan, warning = fit_shared_memory(plan, faults.read_shm_bytes(), batch_bytes)
-    if warning:
-        log.warning("make_loader: %s", warning)
-    return plan
-
-
-def _tuned_settings(dataset: Any, batch_size: int, target: str) -> WorkerSettings | None:
-    """The configuration `trainfast tune` chose for this dataset and batch size on this machine, if any."""
-    chosen = tuned_config(dataset, batch_size, device=target)
-    if chosen is None:
-        log.info("make_loader: workers='tuned' but no tuning result for this dataset and batch size on this "
-                 "machine (run `trainfast tune`); using 'auto'")
-    return chosen
+    return Loader(dataloader, batches, plan, r.samples, r.normalize)
 
 
 def _identity(batch: Any) -> Any:
     return batch
-
-
-def _target_type(device: str | torch.device) -> str:
-    if isinstance(device, torch.device):
-        return device.type
-    kind = device_kind(device)
-    if kind == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return kind
-
-
-def _in_memory_tensors(dataset: Any) -> tuple[torch.Tensor, ...] | None:
-    if isinstance(dataset, TensorDataset):
-        return tuple(dataset.tensors)
-    if isinstance(dataset, (tuple, list)) and dataset and all(isinstance(t, torch.Tensor) for t in dataset):
-        return tuple(dataset)
-    return None

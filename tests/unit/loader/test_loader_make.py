@@ -147,7 +147,7 @@ class Sized(Dataset[int]):
 ])
 def test_auto_settings_reach_the_plan(monkeypatch: pytest.MonkeyPatch, cpus: int, local_world: str | None,
                                       device: Any, workers: int, pin: bool) -> None:
-    monkeypatch.setattr("trainfast.loader.make.available_cpus", lambda: cpus)
+    monkeypatch.setattr("trainfast.loader.resolve.available_cpus", lambda: cpus)
     if local_world is None:
         monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     else:

@@ -1,0 +1,167 @@
+"""The resolve step of `make_loader`: (dataset, batch size, `LoaderOptions`) and this process's environment ->
+a `LoaderResolution`, the plan and all `build_loader` needs. Nothing is built and no worker starts."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, cast
+
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from trainfast.device import device_kind
+from trainfast.envcheck.environment import tensors_batch_bytes
+from trainfast.host import available_cpus
+from trainfast.loader import faults
+from trainfast.loader.auto import LoaderPlan, plan_loader
+from trainfast.loader.faults import fit_shared_memory
+from trainfast.loader.options import LoaderOptions, check_choice, is_int
+from trainfast.loader.prefetch import Normalize
+from trainfast.loader.tuned import WorkerSettings
+from trainfast.loader.tuned import load as tuned_config
+
+log = logging.getLogger("trainfast")
+
+
+@dataclass(frozen=True)
+class LoaderResolution:
+    """What `resolve_loader` decided, and everything `build_loader` needs to build the loader from it.
+
+    `plan`: every "auto" resolved, with its reasons. `tensors`: the in-memory tensors when they are batched in
+    place by indexing (`TensorLoader`, no workers), else None and a DataLoader indexes `samples` (tensors given
+    as a sequence are wrapped in a `TensorDataset` for it). `length`: samples per epoch before sharding.
+    `rank`, `world_size`, `cpus` (usable CPUs of this process) and `normalize` are the values resolved.
+    """
+
+    options: LoaderOptions
+    batch_size: int
+    plan: LoaderPlan
+    samples: Dataset[Any]
+    tensors: tuple[torch.Tensor, ...] | None
+    length: int
+    rank: int
+    world_size: int
+    cpus: int
+    normalize: Normalize | None
+
+
+def check_batch_size(batch_size: Any) -> None:
+    check_choice("batch_size", batch_size, is_int(batch_size, 1), "a positive integer")
+
+
+def resolve_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
+                   options: LoaderOptions | None = None) -> LoaderResolution:
+    """Every "auto" of `options` resolved for `dataset` on this machine; builds no DataLoader, starts no worker.
+
+    Reads from the environment: `RANK` and `WORLD_SIZE` (torchrun's; 0 and 1 without them) where `options`
+    leaves rank/world_size None; `LOCAL_WORLD_SIZE` (processes sharing this machine's CPUs) and the CPUs this
+    process may use; with `device="auto"`, whether CUDA is available; with `workers="tuned"`, `trainfast tune`'s
+    result in the cache; with workers, the free space of /dev/shm (prefetch_factor is lowered to fit, and a
+    `LoaderError` is raised if even 1 cannot). Invalid input raises ValueError or TypeError, as `make_loader`.
+    """
+    check_batch_size(batch_size)
+    options = options if options is not None else LoaderOptions()
+    target = _target_type(options.device)
+    rank = int(os.environ.get("RANK", 0)) if options.rank is None else options.rank
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if options.world_size is None else options.world_size
+    # torchrun starts one process per device; they share this machine's CPUs.
+    local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    cpus = max(1, available_cpus() // local_procs)
+
+    tensors = _in_memory_tensors(dataset)
+    if tensors is None and not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        raise TypeError(f"make_loader needs a map-style dataset (with __getitem__ and __len__) or tensors; "
+                        f"got {type(dataset).__name__}")
+    n = tensors[0].shape[0] if tensors is not None else len(dataset)  # type: ignore[arg-type]
+    plan = _plan(dataset, batch_size, options, tensors, n, target, cpus)
+    norm = options.normalize if options.normalize is not None else getattr(dataset, "normalize", None)
+    samples = cast(Dataset[Any], dataset)  # any sequence of samples works, as with DataLoader
+    in_place = tensors is not None and plan.num_workers == 0
+    if not in_place:
+        plan, samples = _for_dataloader(plan, samples, tensors, batch_size, options.timeout_s)
+    return LoaderResolution(options=options, batch_size=batch_size, plan=plan, samples=samples,
+                            tensors=tensors if in_place else None, length=n, rank=rank, world_size=world_size,
+                            cpus=cpus, normalize=norm)
+
+
+def _for_dataloader(plan: LoaderPlan, samples: Dataset[Any], tensors: tuple[torch.Tensor, ...] | None,
+                    batch_size: int, timeout_s: float) -> tuple[LoaderPlan, Dataset[Any]]:
+    """The plan and the dataset for a DataLoader: tensors on a device refused for workers, tensors given as a
+    sequence wrapped in a `TensorDataset`, prefetch fitted to /dev/shm (workers) or an unused timeout noted."""
+    on_device = sorted({str(t.device) for t in tensors or () if t.device.type != "cpu"})
+    if on_device:  # worker processes cannot index a GPU's memory (CUDA does not survive fork)
+        raise ValueError(f"workers={plan.num_workers} with tensors on {', '.join(on_device)}: worker processes "
+                         "cannot index device memory; use workers=0 (or 'auto'), which batches them in place")
+    if tensors is not None and not isinstance(samples, Dataset):
+        samples = TensorDataset(*tensors)
+    if plan.num_workers > 0:  # before any worker starts: batches pass through /dev/shm
+        plan = _fit_shared_memory(plan, tensors, samples, batch_size)
+    elif timeout_s:
+        plan = replace(plan, reasons=(*plan.reasons, f"timeout_s={timeout_s:g} ignored: it bounds the wait for "
+                                      "worker processes and there are none"))
+    return plan, samples
+
+
+def _plan(dataset: Any, batch_size: int, options: LoaderOptions, tensors: tuple[torch.Tensor, ...] | None,
+          n: int, target: str, cpus: int) -> LoaderPlan:
+    """`plan_loader` for these options, with `trainfast tune`'s result in place of "auto" for `workers="tuned"`."""
+    workers, prefetch_factor, pin_memory = options.workers, options.prefetch_factor, options.pin_memory
+    tuned = _tuned_settings(dataset, batch_size, target) if workers == "tuned" else None
+    if tuned is not None:
+        workers, prefetch_factor, pin_memory = tuned.num_workers, tuned.prefetch_factor or "auto", tuned.pin_memory
+    plan = plan_loader(workers="auto" if workers == "tuned" else workers, pin_memory=pin_memory,
+                       prefetch_factor=prefetch_factor, persistent_workers=options.persistent_workers,
+                       drop_last=options.drop_last, shuffle=options.shuffle, dataset_len=n,
+                       in_memory=tensors is not None, target=target, cpus=cpus,
+                       on_device=tensors is not None and all(t.device.type != "cpu" for t in tensors))
+    if tuned is not None:
+        plan = replace(plan, cpu_threads=tuned.cpu_threads,
+                       reasons=(f"tuned by measurement ({tuned.label()})", *plan.reasons))
+    return plan
+
+
+def _fit_shared_memory(plan: LoaderPlan, tensors: tuple[torch.Tensor, ...] | None, dataset: Any,
+                       batch_size: int) -> LoaderPlan:
+    """`faults.fit_shared_memory` with the free /dev/shm read now and the batch size estimated where it can be:
+    tensors from their shapes, a dataset that declares `sample_bytes` (as `ImageFolder`) from that."""
+    if tensors is not None:
+        batch_bytes = tensors_batch_bytes(tensors, batch_size)
+    else:
+        try:
+            per_sample = getattr(dataset, "sample_bytes", None)
+        except Exception:  # a dataset's __getattr__ may do anything: the estimate is optional
+            per_sample = None
+        batch_bytes = batch_size * per_sample if isinstance(per_sample, int) and is_int(per_sample, 1) else None
+    plan, warning = fit_shared_memory(plan, faults.read_shm_bytes(), batch_bytes)
+    if warning:
+        log.warning("make_loader: %s", warning)
+    return plan
+
+
+def _tuned_settings(dataset: Any, batch_size: int, target: str) -> WorkerSettings | None:
+    """The configuration `trainfast tune` chose for this dataset and batch size on this machine, if any."""
+    chosen = tuned_config(dataset, batch_size, device=target)
+    if chosen is None:
+        log.info("make_loader: workers='tuned' but no tuning result for this dataset and batch size on this "
+                 "machine (run `trainfast tune`); using 'auto'")
+    return chosen
+
+
+def _target_type(device: str | torch.device) -> str:
+    if isinstance(device, torch.device):
+        return device.type
+    kind = device_kind(device)
+    if kind == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return kind
+
+
+def _in_memory_tensors(dataset: Any) -> tuple[torch.Tensor, ...] | None:
+    if isinstance(dataset, TensorDataset):
+        return tuple(dataset.tensors)
+    if isinstance(dataset, (tuple, list)) and dataset and all(isinstance(t, torch.Tensor) for t in dataset):
+        return tuple(dataset)
+    return None
