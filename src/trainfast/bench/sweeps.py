@@ -7,7 +7,7 @@ Three measurements, each row printed as it finishes:
   how busy the device was (GPU utilisation from NVML on CUDA, mean CPU % otherwise).
 - **precision**: fp32 vs mixed precision at batch sizes b, 2b, 4b on in-memory synthetic uint8 images
   (compute only, no decode); peak memory (CUDA allocator peak, or the growth of this process's peak RSS on
-  the CPU) and samples/s. An out-of-memory row is recorded as `"oom": true`, never a crash.
+  the CPU; measured by peak.py) and samples/s. An out-of-memory row is recorded as `"oom": true`, never a crash.
 - **naive vs trainfast**: `trainfast demo`'s two runs on the same data.
 """
 
@@ -18,21 +18,22 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 
 from trainfast.bench.demo import FULL, QUICK, DemoSpec, run_naive, run_trainfast
 from trainfast.bench.hardware import hardware
-from trainfast.data.images import ImageFolder, Normalize
+from trainfast.bench.peak import PeakMemory
+from trainfast.data.images import ImageFolder
 from trainfast.data.models import build_model
-from trainfast.device import free_memory, resolve_device, synchronize
+from trainfast.device import free_memory, resolve_device
 from trainfast.host import available_cpus
 from trainfast.loader.auto import threads_beside_workers
 from trainfast.loader.make import make_loader
+from trainfast.loader.prefetch import Normalize
 from trainfast.loader.seeding import seed_all
 from trainfast.monitor import Monitor, PsutilSource
 from trainfast.monitor.sources import NvmlSource
@@ -50,7 +51,6 @@ Progress = Callable[[str], None]
 # otherwise start 8,000 worker processes over 129 rows, and the table would be too long to read.
 FULL_RANGE_WORKERS = 16
 UTIL_INTERVAL_S = 0.25  # monitor sampling while the workers rows train
-RSS_INTERVAL_S = 0.02  # fallback RSS sampling when the kernel's peak-RSS counter cannot be reset
 @dataclass(frozen=True, kw_only=True)
 class BenchSpec:
     """What `trainfast bench` measures; `QUICK_BENCH` / `FULL_BENCH`, or smaller ones in tests."""
@@ -97,29 +97,6 @@ def workers_precision(device: torch.device) -> str:
     return resolve_precision("auto", device_caps(device)).name
 
 
-def current_rss() -> int:
-    return int(psutil.Process().memory_info().rss)
-
-
-def _reset_peak_rss() -> bool:
-    """Reset the kernel's peak-RSS counter (VmHWM) to the current RSS: Linux >= 4.0, `echo 5 > clear_refs`."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return _peak_rss() is not None
-
-
-def _peak_rss() -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            found = re.search(r"^VmHWM:\s+(\d+)\s+kB", f.read(), re.MULTILINE)
-    except OSError:
-        return None
-    return int(found.group(1)) * 1024 if found else None
-
-
 @contextlib.contextmanager
 def _quiet(logger: logging.Logger = log) -> Iterator[None]:
     """Per-row INFO lines (what each loader and Trainer chose) would bury the table; warnings still show."""
@@ -129,47 +106,6 @@ def _quiet(logger: logging.Logger = log) -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
-
-
-@dataclass
-class _Peak:
-    """Peak memory of one row: "cuda" (allocator peak) or "rss" (growth of this process's peak RSS)."""
-
-    device: torch.device
-    source: str = ""
-    method: str = ""
-    baseline: int = 0
-    peak_bytes: int | None = None
-    _monitor: Monitor | None = field(default=None, repr=False)
-
-    def __enter__(self) -> _Peak:
-        if self.device.type == "cuda":
-            self.source = self.method = "cuda"
-            torch.cuda.reset_peak_memory_stats(self.device)
-            return self
-        self.source = "rss"
-        self.baseline = current_rss()
-        if _reset_peak_rss():
-            self.method = "vmhwm"
-        else:  # sample proc.rss_bytes fast enough to catch most of a step's activations
-            self.method = "sampled"
-            self._monitor = Monitor(interval_s=RSS_INTERVAL_S, sources=[PsutilSource(per_core=False)]).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.device.type == "cuda":
-            synchronize(self.device)  # the row's last kernels may still allocate
-            self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
-            return
-        peak = current_rss()
-        if self._monitor is not None:
-            self._monitor.stop()
-            rss = self._monitor.summary().get("proc.rss_bytes")
-            if rss is not None:
-                peak = max(peak, int(rss.maximum))
-        else:
-            peak = max(peak, _peak_rss() or 0)
-        self.peak_bytes = max(0, peak - self.baseline)
 
 
 def _util(summary: dict[str, Any], device: torch.device) -> tuple[float | None, str]:
@@ -286,7 +222,7 @@ def _precision_row(x: torch.Tensor, y: torch.Tensor, precision: str, batch: int,
                            "mem_source": "cuda" if device.type == "cuda" else "rss", "mem_method": None,
                            "steps": steps, "error": None}
     seed_all(seed)
-    peak = _Peak(device)
+    peak = PeakMemory(device)
     try:
         model = build_model("convnet", num_classes=10, image_size=image_size)
         loader = make_loader((x, y), batch, workers=0, normalize=Normalize(), seed=seed, device=device)

@@ -58,7 +58,8 @@ class Evidence:
     loaders: tuple[LoaderStats, ...] = ()
     shm_bytes: int | None = None
     autocast: tuple[tuple[str, str], ...] = ()  # (device, dtype) seen entered
-    scaler_skip_fraction: float | None = None
+    scaler_steps: int = 0  # optimizer steps taken through a GradScaler
+    scaler_skipped_steps: int = 0  # of those, skipped for inf/NaN gradients (read for the report only: it syncs)
     bf16_supported: bool = False
     compiled: bool = False
     recompiled_frames: int = 0
@@ -76,3 +77,8 @@ class Evidence:
     thread_probe: tuple[int, float] | None = None
     input_source: str | None = None  # "loader" or "script" (no DataLoader: input prepared in the loop)
     notes: tuple[str, ...] = field(default=())
+
+    @property
+    def scaler_skip_fraction(self) -> float | None:
+        """Share of the GradScaler's optimizer steps it skipped; None without a GradScaler."""
+        return self.scaler_skipped_steps / self.scaler_steps if self.scaler_steps else None

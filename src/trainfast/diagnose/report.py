@@ -20,7 +20,7 @@ from trainfast.diagnose.recommend import Recommendation, num_workers, recommend
 from trainfast.diagnose.timeline import StepRecord, Timeline
 from trainfast.dynamo import dynamo_counts
 from trainfast.host import available_cpus
-from trainfast.monitor import percentile, sustained_growth_per_minute
+from trainfast.monitor import Monitor, percentile, sustained_growth_per_minute
 from trainfast.monitor.analysis import window_mean
 from trainfast.precision.policy import device_caps
 
@@ -118,7 +118,8 @@ def _median_compute(records: list[StepRecord]) -> float:
 
 
 def _evidence(timeline: Timeline, instrumentation: Instrumentation, records: list[StepRecord], *,
-              final: bool = False, verdict: str = "", env: dict[str, Any] | None = None, monitor: Any = None,
+              final: bool = False, verdict: str = "", env: dict[str, Any] | None = None,
+              monitor: Monitor | None = None,
               loader_headroom: float | None = None, thread_probe: tuple[int, float] | None = None) -> Evidence:
     """What the rules read, from the measured steps and what the hooks observed. `final`: for the report, when
     the figures that synchronise the device (skipped scaler steps, peak memory) may be read."""
@@ -131,7 +132,6 @@ def _evidence(timeline: Timeline, instrumentation: Instrumentation, records: lis
     waits = [r.wait_s for r in records]
     mean_wait = statistics.fmean(waits) if waits else 0.0
     compiled, recompiled, breaks = _compile_counts(observed)
-    skipped = observed.scaler_skipped() if final else 0
     decoded = float(statistics.median(observed.jpeg_decoded_pixels)) if observed.jpeg_decoded_pixels else None
     return Evidence(
         verdict=verdict, device=device, fractions=fractions,
@@ -140,7 +140,7 @@ def _evidence(timeline: Timeline, instrumentation: Instrumentation, records: lis
         syncs_per_step=statistics.fmean(r.syncs for r in records) if records else 0.0, cpus=available_cpus(),
         threads=observed.threads or torch.get_num_threads(), loaders=tuple(instrumentation.loaders),
         shm_bytes=(env or {}).get("shm_bytes"), autocast=tuple(sorted(observed.autocast)),
-        scaler_skip_fraction=skipped / observed.scaler_steps if observed.scaler_steps else None,
+        scaler_steps=observed.scaler_steps, scaler_skipped_steps=observed.scaler_skipped() if final else 0,
         bf16_supported=_bf16_native(device, observed.device_index),
         compiled=compiled, recompiled_frames=recompiled, graph_breaks=breaks, conv_weights=observed.conv_weights,
         conv_weights_channels_last=observed.conv_weights_channels_last,
@@ -204,7 +204,7 @@ def proposed_threads(timeline: Timeline, instrumentation: Instrumentation) -> in
     return int(threads)
 
 
-def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monitor: Any = None,
+def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monitor: Monitor | None = None,
                  env: dict[str, Any] | None = None, script: dict[str, Any] | None = None,
                  loader_headroom: float | None = None, notes: list[str] | None = None,
                  oom: dict[str, Any] | None = None) -> Report:
@@ -212,39 +212,26 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
     runner's entry for a script that died of an out-of-memory error; the measured steps before it still count."""
     timeline.finish()
     observed = instrumentation.observed
-    device = _device(observed)
-    if device == "cuda":
+    if _device(observed) == "cuda":
         torch.cuda.synchronize(observed.device_index)
     # the copies' own device time replaces the host time they blocked (which includes waiting for queued kernels)
     timeline.correct_transfers(instrumentation.device_timer.seconds)
     records = list(timeline.records)
     notes = list(notes or [])
+    evidence = _evidence(timeline, instrumentation, records, final=True, env=env, monitor=monitor,
+                         loader_headroom=loader_headroom,
+                         thread_probe=_thread_probe(timeline, observed.probe_threads, records))
+    device = evidence.device
     gpu_util, gpu_util_devices = _gpu_util(monitor, timeline, observed.device_index if device == "cuda" else None)
     device_busy = _device_busy(instrumentation, records)
     if gpu_util is None and device_busy is not None:  # without NVML, CUDA events say how busy the GPU was
         gpu_util = 100 * device_busy
-    probe = _thread_probe(timeline, observed.probe_threads, records)
-    evidence = _evidence(timeline, instrumentation, records, final=True, env=env, monitor=monitor,
-                         loader_headroom=loader_headroom, thread_probe=probe)
     fractions = evidence.fractions
     intervals = _intervals(records)
     verdict = classify(fractions, device=device, gpu_util=gpu_util, loader_headroom=loader_headroom,
                        intervals=intervals) if records else None
     if verdict is not None:
         evidence = replace(evidence, verdict=verdict.name)
-    observed_json = {
-        "device": device, "device_index": observed.device_index, "threads": observed.threads,
-        "parameters": observed.parameters, "autocast": sorted(observed.autocast), "compiled": evidence.compiled,
-        "recompiled_frames": evidence.recompiled_frames, "graph_breaks": evidence.graph_breaks,
-        "scaler_steps": observed.scaler_steps,
-        "scaler_skipped_steps": round((evidence.scaler_skip_fraction or 0) * observed.scaler_steps),
-        "syncs_per_step": evidence.syncs_per_step, "conv_weights": observed.conv_weights,
-        "conv_weights_channels_last": observed.conv_weights_channels_last,
-        "cudnn_benchmark": evidence.cudnn_benchmark, "gpu_util_mean": gpu_util,
-        "gpu_util_devices": gpu_util_devices, "device_busy_fraction": device_busy,
-        "jpeg_decoded_pixels_median": evidence.jpeg_decoded_pixels,
-        "thread_probe": {"threads": probe[0], "compute_slowdown": probe[1]} if probe else None,
-    }
     if timeline.evaluation_steps:
         notes.append(f"{timeline.evaluation_steps} step(s) that spanned an evaluation pass (batches fetched with "
                      "gradients off) were left out of the figures")
@@ -255,6 +242,7 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
     contention = _contention(monitor, timeline.measure_started_monotonic)
     notes.extend(_noise_notes(spread, contention))
     recommendations = recommend(evidence) if records else []
+    probe = evidence.thread_probe
     if probe is not None and not any(r.id == "num_workers" for r in recommendations):
         notes.append(f"more loader workers would not pay here: the model step took {probe[1]:.2f}x as long with "
                      f"{probe[0]} intra-op thread(s), the count that would leave cores for them (measured)")
@@ -262,10 +250,32 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
         verdict=verdict, fractions=fractions if records else None, steps=records, warmup_steps=timeline.warmup_steps,
         samples_per_s=evidence.samples_per_s, step_s=evidence.step_s if records else None,
         loaders=list(instrumentation.loaders), recommendations=recommendations,
-        observed=observed_json, env=env or {}, monitor=_monitor_json(monitor), script=script or {}, notes=notes,
+        observed=_observed_json(evidence, observed, gpu_util=gpu_util, gpu_util_devices=gpu_util_devices,
+                                device_busy=device_busy),
+        env=env or {}, monitor=_monitor_json(monitor), script=script or {}, notes=notes,
         step_signal=timeline.signal, input_source=timeline.input_source, seen=timeline.seen(),
         step_spread=spread, intervals={k: list(v) for k, v in intervals.items()} if intervals else None,
         contention=contention, oom=oom)
+
+
+def _observed_json(evidence: Evidence, observed: Observations, *, gpu_util: float | None,
+                   gpu_util_devices: list[str], device_busy: float | None) -> dict[str, Any]:
+    """The report's "observed" entry: the figures the rules read, as `evidence` holds them, with what the hooks
+    saw that no rule reads (the device index, the parameter count, the thread count training started with) and
+    how busy the GPU was."""
+    probe = evidence.thread_probe
+    return {
+        "device": evidence.device, "device_index": observed.device_index, "threads": observed.threads,
+        "parameters": observed.parameters, "autocast": list(evidence.autocast), "compiled": evidence.compiled,
+        "recompiled_frames": evidence.recompiled_frames, "graph_breaks": evidence.graph_breaks,
+        "scaler_steps": evidence.scaler_steps, "scaler_skipped_steps": evidence.scaler_skipped_steps,
+        "syncs_per_step": evidence.syncs_per_step, "conv_weights": evidence.conv_weights,
+        "conv_weights_channels_last": evidence.conv_weights_channels_last,
+        "cudnn_benchmark": evidence.cudnn_benchmark, "gpu_util_mean": gpu_util,
+        "gpu_util_devices": gpu_util_devices, "device_busy_fraction": device_busy,
+        "jpeg_decoded_pixels_median": evidence.jpeg_decoded_pixels,
+        "thread_probe": {"threads": probe[0], "compute_slowdown": probe[1]} if probe else None,
+    }
 
 
 def _thread_probe(timeline: Timeline, threads: int | None, records: list[StepRecord]) -> tuple[int, float] | None:
@@ -291,10 +301,10 @@ def _spread(records: list[StepRecord]) -> dict[str, float] | None:
     return {"p10": percentile(seconds, 10), "p50": percentile(seconds, 50), "p90": percentile(seconds, 90)}
 
 
-def _contention(monitor: Any, measuring_from: float | None) -> dict[str, Any] | None:
+def _contention(monitor: Monitor | None, measuring_from: float | None) -> dict[str, Any] | None:
     """Cores other processes kept busy while measuring: all CPUs' busy time less this process and its workers."""
     since = _since_start(monitor, measuring_from)
-    if since is None or "cpu.percent" not in monitor.metrics():
+    if monitor is None or since is None or "cpu.percent" not in monitor.metrics():
         return None
     cores = sum(1 for m in monitor.metrics() if m.startswith("cpu") and m[3:4].isdigit()) or psutil.cpu_count() or 1
     series = {m: dict(zip(*monitor.series(m), strict=True)) for m in ("cpu.percent", "proc.cpu_percent",
@@ -320,7 +330,7 @@ def _noise_notes(spread: dict[str, float] | None, contention: dict[str, Any] | N
     return notes
 
 
-def _gpu_util(monitor: Any, timeline: Timeline, model_index: int | None) -> tuple[float | None, list[str]]:
+def _gpu_util(monitor: Monitor | None, timeline: Timeline, model_index: int | None) -> tuple[float | None, list[str]]:
     """Mean NVML utilisation (%) of the GPUs this process uses, over the measured steps only, and their NVML names.
 
     Another GPU of the node, busy or idle, says nothing about this run, nor does the start-up before the
@@ -328,10 +338,9 @@ def _gpu_util(monitor: Any, timeline: Timeline, model_index: int | None) -> tupl
     host-bound verdict. The GPUs used: the model's, and any other this process held tensors on while
     measuring. None when no sample fell in the window or a GPU cannot be matched to NVML's (torch and NVML
     number GPUs differently; see monitor/sources.py)."""
-    nvml_index = getattr(monitor, "nvml_index", None)
     since = _since_start(monitor, timeline.measure_started_monotonic)
     until = _since_start(monitor, timeline.measure_ended_monotonic)
-    if model_index is None or nvml_index is None or since is None or until is None:
+    if monitor is None or model_index is None or since is None or until is None:
         return None, []
 
     def mean(metric: str) -> float | None:
@@ -340,7 +349,7 @@ def _gpu_util(monitor: Any, timeline: Timeline, model_index: int | None) -> tupl
     metrics = set(monitor.metrics())
     used = {model_index} | {int(m[4:].removesuffix(".allocated_bytes")) for m in metrics
                             if m.startswith("cuda") and m.endswith(".allocated_bytes") and (mean(m) or 0) > 0}
-    found = [nvml_index(index) for index in sorted(used)]
+    found = [monitor.nvml_index(index) for index in sorted(used)]
     if None in found:
         return None, []
     names = [f"gpu{i}" for i in found]
@@ -358,16 +367,16 @@ def _device_busy(instrumentation: Instrumentation, records: list[StepRecord]) ->
     return min(1.0, sum(device_s) / host_s) if host_s > 0 else None
 
 
-def _since_start(monitor: Any, monotonic: float | None) -> float | None:
+def _since_start(monitor: Monitor | None, monotonic: float | None) -> float | None:
     """A `time.monotonic()` instant on the monitor's series clock (seconds since it started)."""
-    started = getattr(monitor, "started_at", None)
+    started = monitor.started_at if monitor is not None else None
     return None if monotonic is None or started is None else monotonic - started
 
 
-def _worker_rss_growth(monitor: Any, measuring_from: float | None) -> float | None:
+def _worker_rss_growth(monitor: Monitor | None, measuring_from: float | None) -> float | None:
     """Sustained growth (bytes/min) of the warm workers' resident memory while measuring: copy-on-read."""
     since = _since_start(monitor, measuring_from)
-    if since is None or "workers.rss_bytes" not in monitor.metrics():
+    if monitor is None or since is None or "workers.rss_bytes" not in monitor.metrics():
         return None
     times, values = monitor.series("workers.rss_bytes")
     count_times, counts = monitor.series("workers.count")
@@ -384,14 +393,14 @@ def _gpu_memory_fraction(device: str, index: int | None) -> float | None:
     return torch.cuda.max_memory_allocated(index) / total if total else None
 
 
-def _monitor_json(monitor: Any) -> dict[str, Any]:
+def _monitor_json(monitor: Monitor | None) -> dict[str, Any]:
     if monitor is None:
         return {}
     wanted = [m for m in monitor.metrics() if m in ("cpu.percent", "proc.rss_bytes", "workers.cpu_percent",
                                                     "workers.rss_bytes") or m.startswith("gpu")]
     return {"summary": {name: stats.to_json() for name, stats in monitor.summary().items()},
             "series": {name: [list(p) for p in zip(*monitor.series(name), strict=True)] for name in wanted},
-            "unavailable": dict(getattr(monitor, "unavailable", {})),
+            "unavailable": dict(monitor.unavailable),
             "gpu_sawtooth": monitor.gpu_sawtooth()}
 
 

@@ -7,7 +7,6 @@ from trainfast.envcheck.checks import (
     cuda_alloc_conf_check,
     cuda_versions_check,
     db_handles_check,
-    find_handles,
     nvml_check,
     open_files_check,
     read_cuda_alloc_conf,
@@ -28,6 +27,7 @@ from trainfast.envcheck.environment import (
     preflight,
     tensors_batch_bytes,
 )
+from trainfast.envcheck.handles import find_handles
 
 __all__ = ["CONTRACT_FIELDS", "Check", "Status", "bug_report_block", "cpu_check", "cuda_alloc_conf_check",
            "cuda_versions_check", "db_handles_check", "environment", "estimate_batch_bytes", "find_handles",

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from trainfast.bench import sweeps
+from trainfast.bench import peak, sweeps
 from trainfast.bench.demo import QUICK
 from trainfast.bench.sweeps import (
     BenchSpec,
@@ -110,7 +110,7 @@ def test_other_errors_are_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_peak_memory_falls_back_to_sampling_rss_with_the_monitor(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sweeps, "_reset_peak_rss", lambda: False)  # e.g. no /proc/self/clear_refs
+    monkeypatch.setattr(peak, "_reset_peak_rss", lambda: False)  # e.g. no /proc/self/clear_refs
     rows = measure_precision(batch_sizes=[32], precisions=["32-true"], steps=4, image_size=32, device=CPU)
     assert rows[0]["mem_method"] == "sampled" and rows[0]["mem_source"] == "rss"
     assert isinstance(rows[0]["peak_mem_bytes"], int) and rows[0]["peak_mem_bytes"] >= 0

@@ -81,7 +81,8 @@ def test_cpu_threads_when_workers_and_threads_oversubscribe() -> None:
      "prefetch_factor", None),
     ({"device": "cuda"}, "amp", None),
     ({"device": "cpu", "bf16_supported": True}, "amp", None),  # a CPU with native bf16 (AMX, AVX512-BF16, ARM)
-    ({"device": "cuda", "autocast": (("cuda", "float16"),), "scaler_skip_fraction": 0.2, "bf16_supported": True},
+    ({"device": "cuda", "autocast": (("cuda", "float16"),), "scaler_steps": 10, "scaler_skipped_steps": 2,
+      "bf16_supported": True},
      "bf16", None),
     ({"device": "cuda", "autocast": (("cuda", "bfloat16"),)}, "compile", "amp"),
     ({"compiled": True, "recompiled_frames": 3, "graph_breaks": 1}, "compile", None),

@@ -15,7 +15,8 @@ import pytest
 import torch
 from torch.utils.data import ConcatDataset, Dataset, Subset
 
-from trainfast.envcheck.checks import DB_FIX, db_handles_check, find_handles, handle_kind
+from trainfast.envcheck.checks import DB_FIX, db_handles_check
+from trainfast.envcheck.handles import find_handles, handle_kind
 
 
 class Records(Dataset[int]):
