@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     for command in COMMANDS:
         command.register(sub)
     for command_parser in sub.choices.values():  # `trainfast train --debug` as well as `trainfast --debug train`
+        command_parser.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                                    help="only warnings and errors on stderr")
         command_parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
 
