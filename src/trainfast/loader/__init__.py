@@ -11,6 +11,7 @@ from trainfast.loader.memory import TensorLoader
 from trainfast.loader.options import LoaderOptions
 from trainfast.loader.prefetch import DevicePrefetcher
 from trainfast.loader.resolve import LoaderResolution, resolve_loader
+from trainfast.loader.threads import ThreadLoader
 
 __all__ = ["DevicePrefetcher", "Loader", "LoaderError", "LoaderOptions", "LoaderPlan", "LoaderResolution",
-           "TensorLoader", "build_loader", "make_loader", "plan_loader", "resolve_loader"]
+           "TensorLoader", "ThreadLoader", "build_loader", "make_loader", "plan_loader", "resolve_loader"]

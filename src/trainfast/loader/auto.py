@@ -30,6 +30,7 @@ class LoaderPlan:
     in_memory: bool
     reasons: tuple[str, ...]
     cpu_threads: int | None = None  # intra-op threads a tuning measured best beside these workers (CPU training)
+    backend: str = "processes"  # what the workers are: "processes" or "threads"
 
     def describe(self) -> str:
         return "; ".join(self.reasons)

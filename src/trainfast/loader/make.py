@@ -16,10 +16,11 @@ from trainfast.loader.auto import Auto, LoaderPlan
 from trainfast.loader.batches import EpochBatches, EpochLoader
 from trainfast.loader.faults import LoaderError, explain_failure
 from trainfast.loader.memory import TensorLoader
-from trainfast.loader.options import LoaderOptions, Tuned
+from trainfast.loader.options import Backend, LoaderOptions, Tuned
 from trainfast.loader.prefetch import Normalize
 from trainfast.loader.resolve import LoaderResolution, check_batch_size, resolve_loader
 from trainfast.loader.seeding import seed_all, seeded
+from trainfast.loader.threads import ThreadLoader
 
 log = logging.getLogger("trainfast")
 
@@ -137,7 +138,8 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
                 drop_last: bool | Auto = "auto", device: str | torch.device = "auto", seed: int = 0,
                 collate_fn: Callable[[list[Any]], Any] | None = None, normalize: Normalize | None = None,
                 rank: int | None = None, world_size: int | None = None,
-                multiprocessing_context: str | None = None, timeout_s: float = 0) -> Loader | TensorLoader:
+                multiprocessing_context: str | None = None, timeout_s: float = 0,
+                backend: Backend = "processes") -> Loader | TensorLoader | ThreadLoader:
     """A loader with every "auto" resolved for this machine; logs what it chose and why.
 
     `dataset` may be any map-style Dataset, or tensors already in memory (a `TensorDataset` or a
@@ -147,6 +149,10 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
     worker count. `rank`/`world_size` default to torchrun's `RANK`/`WORLD_SIZE`. `workers="tuned"` takes
     workers, prefetch, pinning and (for CPU training) intra-op threads from `trainfast tune`'s result for
     this dataset and batch size, falling back to "auto" when there is none.
+
+    `backend="threads"`: the workers are threads of this process, each making whole batches (`ThreadLoader`: no
+    IPC, for decoders that release the GIL, as Pillow's JPEG decode). Their augmentation is reproducible only when
+    drawn from `trainfast.loader.seeding.batch_rngs()` (the global RNGs are shared with the training thread).
 
     With workers: `timeout_s` > 0 bounds the wait for each batch (a hung worker then raises `LoaderError`);
     when /dev/shm is small (< 256 MiB free) or too small for workers x prefetch_factor batches (estimated for
@@ -163,13 +169,14 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
     options = LoaderOptions(shuffle=shuffle, workers=workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
                             persistent_workers=persistent_workers, drop_last=drop_last, device=device, seed=seed,
                             collate_fn=collate_fn, normalize=normalize, rank=rank, world_size=world_size,
-                            multiprocessing_context=multiprocessing_context, timeout_s=timeout_s)
+                            multiprocessing_context=multiprocessing_context, timeout_s=timeout_s, backend=backend)
     return build_loader(resolve_loader(dataset, batch_size, options))
 
 
-def build_loader(resolution: LoaderResolution) -> Loader | TensorLoader:
-    """The loader `resolution` describes (a `TensorLoader` for tensors batched in place, else a `Loader` over a
-    DataLoader); logs its plan. Workers start when it is first iterated, not here."""
+def build_loader(resolution: LoaderResolution) -> Loader | TensorLoader | ThreadLoader:
+    """The loader `resolution` describes (a `TensorLoader` for tensors batched in place, a `ThreadLoader` for
+    backend="threads" with workers, else a `Loader` over a DataLoader); logs its plan. Workers start when it is
+    first iterated, not here."""
     r, options, plan = resolution, resolution.options, resolution.plan
     if r.tensors is not None:
         log.info("make_loader: in-memory path; %s", plan.describe())
@@ -178,7 +185,13 @@ def build_loader(resolution: LoaderResolution) -> Loader | TensorLoader:
                             normalize=r.normalize, plan=plan)
     batches = EpochBatches(r.length, r.batch_size, shuffle=options.shuffle, drop_last=plan.drop_last,
                            seed=options.seed, rank=r.rank, world_size=r.world_size)
-    fetch = _SeededBatches(r.samples, options.collate_fn or torch.utils.data.default_collate)
+    collate = options.collate_fn or torch.utils.data.default_collate
+    if plan.backend == "threads":
+        log.info("make_loader: %s", plan.describe())
+        return ThreadLoader(r.samples, batches, plan, collate_fn=collate, normalize=r.normalize,
+                            threads=plan.num_workers, prefetch_factor=plan.prefetch_factor or 2,
+                            pin_memory=plan.pin_memory, timeout_s=options.timeout_s)
+    fetch = _SeededBatches(r.samples, collate)
     extra: dict[str, Any] = {}
     if plan.num_workers > 0:
         extra = {"prefetch_factor": plan.prefetch_factor, "persistent_workers": plan.persistent_workers,

@@ -15,6 +15,7 @@ from trainfast.loader.auto import Auto
 from trainfast.loader.prefetch import Normalize
 
 Tuned = Literal["tuned"]
+Backend = Literal["processes", "threads"]
 
 
 def _opt(help: str, **extra: Any) -> dict[str, Any]:
@@ -69,12 +70,18 @@ class LoaderOptions:
         "how workers start: 'fork', 'spawn' or 'forkserver'; none: the platform's default"))
     timeout_s: float = field(default=0, metadata=_opt(
         "seconds to wait for each batch from a worker before raising LoaderError; 0 waits forever"))
+    # `str`, validated below: cli/flags.py converts a Literal only inside a union (`int | Auto`), not alone
+    backend: str = field(default="processes", metadata=_opt(
+        "what the workers are: 'processes' (DataLoader worker processes) or 'threads' (threads of this process "
+        "making whole batches: no IPC, for decoders that release the GIL; augmentation is reproducible only when "
+        "drawn from trainfast.loader.seeding.batch_rngs())", choices=("processes", "threads")))
 
     def __post_init__(self) -> None:
         check_choice("workers", self.workers, self.workers in ("auto", "tuned") or is_int(self.workers, 0),
                      "'auto', 'tuned' or an integer >= 0")
         check_choice("prefetch_factor", self.prefetch_factor,
                      self.prefetch_factor == "auto" or is_int(self.prefetch_factor, 1), "'auto' or an integer >= 1")
+        check_choice("backend", self.backend, self.backend in ("processes", "threads"), "'processes' or 'threads'")
         t = self.timeout_s
         check_choice("timeout_s", t, isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
                      and t >= 0, "a number of seconds >= 0 (0 waits for each batch forever)")

@@ -80,8 +80,16 @@ def resolve_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: i
     norm = options.normalize if options.normalize is not None else getattr(dataset, "normalize", None)
     samples = cast(Dataset[Any], dataset)  # any sequence of samples works, as with DataLoader
     in_place = tensors is not None and plan.num_workers == 0
-    if not in_place:
+    threads = options.backend == "threads" and plan.num_workers > 0
+    if threads:
+        plan = _for_threads(plan)
+        if tensors is not None and not isinstance(samples, Dataset):
+            samples = TensorDataset(*tensors)
+    elif not in_place:
         plan, samples = _for_dataloader(plan, samples, tensors, batch_size, options.timeout_s)
+    if options.backend == "threads" and not threads:
+        plan = replace(plan, reasons=(*plan.reasons, "backend='threads' ignored: no workers, batches are loaded "
+                                      "in the main thread"))
     return LoaderResolution(options=options, batch_size=batch_size, plan=plan, samples=samples,
                             tensors=tensors if in_place else None, length=n, rank=rank, world_size=world_size,
                             cpus=cpus, normalize=norm)
@@ -103,6 +111,15 @@ def _for_dataloader(plan: LoaderPlan, samples: Dataset[Any], tensors: tuple[torc
         plan = replace(plan, reasons=(*plan.reasons, f"timeout_s={timeout_s:g} ignored: it bounds the wait for "
                                       "worker processes and there are none"))
     return plan, samples
+
+
+def _for_threads(plan: LoaderPlan) -> LoaderPlan:
+    """The plan for loader threads: no processes, so nothing persists between epochs and /dev/shm is not used."""
+    n, pf = plan.num_workers, plan.prefetch_factor or 2
+    reasons = tuple(r for r in plan.reasons if not r.startswith("persistent_workers="))
+    return replace(plan, backend="threads", persistent_workers=False, reasons=(
+        *reasons, f"backend=threads: {n} loader thread(s) in this process, each making whole batches (no IPC; "
+        f"threads start each epoch, at most {n * pf} batches in flight)"))
 
 
 def _plan(dataset: Any, batch_size: int, options: LoaderOptions, tensors: tuple[torch.Tensor, ...] | None,

@@ -7,13 +7,20 @@ draw the same numbers — the classic bug is numpy's global RNG forked identical
 and a run resumed mid-epoch fetches exactly the batches the uninterrupted run would have.
 Seeding per worker instead is not enough: with persistent workers, a worker is seeded once, at its
 start, and its draws then depend on which batches it happened to be given.
+
+Loader threads (`backend="threads"`) cannot seed the global RNGs: they are shared by every thread of the
+process, the training loop's included. Each thread gets its own generators per batch instead, seeded exactly as
+the globals would be, and `batch_rngs()` returns the generators of the batch being fetched whatever the backend:
+a dataset that draws from them makes the same batches with threads, worker processes or none.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NamedTuple, cast
 
 import numpy as np
 import torch
@@ -49,3 +56,42 @@ def seeded(seed: int) -> Iterator[None]:
         random.setstate(py_state)
         np.random.set_state(np_state)
         torch.set_rng_state(torch_state)
+
+
+class BatchRNGs(NamedTuple):
+    """The random generators seeded for the batch being fetched."""
+
+    random: random.Random
+    numpy: np.random.RandomState
+    torch: torch.Generator
+
+
+_thread = threading.local()
+
+
+def batch_rngs() -> BatchRNGs:
+    """The generators seeded for the batch this thread is fetching: in a loader thread (`backend="threads"`) that
+    thread's own, elsewhere (no workers, worker processes) the process-global ones, seeded per batch too.
+
+    The same seed gives the same streams either way, so a dataset that draws its augmentation from these (not
+    from `random.random()`, `np.random.rand()` or `torch.rand()` directly) makes bit-identical batches with every
+    backend and worker count.
+    """
+    rngs = getattr(_thread, "rngs", None)
+    if rngs is not None:
+        return cast(BatchRNGs, rngs)
+    return BatchRNGs(cast(random.Random, getattr(random, "_inst")),  # noqa: B009 (the module functions' instance)
+                     cast(np.random.RandomState, getattr(np.random.mtrand, "_rand")),  # noqa: B009
+                     torch.default_generator)
+
+
+@contextmanager
+def thread_seeded(seed: int) -> Iterator[None]:
+    """Run a block with this thread's `batch_rngs()` seeded from `seed` (as `seed_all` seeds the globals), leaving
+    the process-global RNGs alone."""
+    _thread.rngs = BatchRNGs(random.Random(seed), np.random.RandomState(seed % 2**32),
+                             torch.Generator().manual_seed(seed))
+    try:
+        yield
+    finally:
+        _thread.rngs = None
