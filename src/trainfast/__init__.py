@@ -2,7 +2,7 @@
 
 import logging as _logging
 
-from trainfast.data import ImageFolder, build_model, ensure_demo_dataset
+from trainfast.data import ImageFolder, PackedImages, build_model, ensure_demo_dataset, pack
 from trainfast.diagnose import Doctor, Report, diagnose
 from trainfast.loader import DevicePrefetcher, make_loader
 from trainfast.monitor import Monitor
@@ -21,6 +21,6 @@ if not _logging.getLogger().hasHandlers() and not _log.handlers:
     _log.setLevel(_logging.INFO)
     _log.propagate = False
 
-__all__ = ["DevicePrefetcher", "Doctor", "FitResult", "ImageFolder", "Monitor", "PrecisionPolicy", "Report",
-           "TrainConfig", "Trainer", "TuneResult", "__version__", "build_model", "diagnose", "ensure_demo_dataset",
-           "find_batch_size", "make_loader", "resolve_precision", "tune_loader"]
+__all__ = ["DevicePrefetcher", "Doctor", "FitResult", "ImageFolder", "Monitor", "PackedImages", "PrecisionPolicy",
+           "Report", "TrainConfig", "Trainer", "TuneResult", "__version__", "build_model", "diagnose",
+           "ensure_demo_dataset", "find_batch_size", "make_loader", "pack", "resolve_precision", "tune_loader"]

@@ -23,16 +23,18 @@ import trainfast
 CLASS, EXCEPTION, FUNCTION, CONSTANT, LITERAL_ALIAS, VERSION = (
     "class", "exception", "function", "constant", "Literal alias", "version string")
 
-# trainfast.__all__ as it is today, in its order, with each name's kind: 17 names and `__version__`. The README's
+# trainfast.__all__ as it is today, in its order, with each name's kind: 19 names and `__version__`. The README's
 # API tour shows `ImageFolder`, `DevicePrefetcher`, `Trainer`, `TrainConfig`, `Doctor` and `Monitor` as classes
 # and `make_loader`, `ensure_demo_dataset`, `build_model`, `diagnose` and `find_batch_size` as functions;
-# `FitResult`, `Report` and `TuneResult` are what `fit`, `diagnose` and `tune` return (dataclasses).
+# `FitResult`, `Report` and `TuneResult` are what `fit`, `diagnose` and `tune` return (dataclasses); `pack` writes
+# and `PackedImages` reads packed JPEG shards (README: "Packing a dataset").
 TOP_LEVEL: dict[str, str] = {
     "DevicePrefetcher": CLASS,
     "Doctor": CLASS,
     "FitResult": CLASS,
     "ImageFolder": CLASS,
     "Monitor": CLASS,
+    "PackedImages": CLASS,
     "PrecisionPolicy": CLASS,
     "Report": CLASS,
     "TrainConfig": CLASS,
@@ -44,6 +46,7 @@ TOP_LEVEL: dict[str, str] = {
     "ensure_demo_dataset": FUNCTION,
     "find_batch_size": FUNCTION,
     "make_loader": FUNCTION,
+    "pack": FUNCTION,
     "resolve_precision": FUNCTION,
     "tune_loader": FUNCTION,
 }
@@ -55,6 +58,7 @@ TOP_LEVEL_HOME: dict[str, str] = {
     "FitResult": "trainfast.trainer",
     "ImageFolder": "trainfast.data",
     "Monitor": "trainfast.monitor",
+    "PackedImages": "trainfast.data",
     "PrecisionPolicy": "trainfast.precision",
     "Report": "trainfast.diagnose",
     "TrainConfig": "trainfast.trainer",
@@ -65,6 +69,7 @@ TOP_LEVEL_HOME: dict[str, str] = {
     "ensure_demo_dataset": "trainfast.data",
     "find_batch_size": "trainfast.tune",
     "make_loader": "trainfast.loader",
+    "pack": "trainfast.data",
     "resolve_precision": "trainfast.precision",
     "tune_loader": "trainfast.tune",
 }
@@ -76,8 +81,11 @@ SUBPACKAGES: dict[str, dict[str, str]] = {
         "CorruptImageError": EXCEPTION,
         "ImageFolder": CLASS,
         "Normalize": CLASS,
+        "PackResult": CLASS,
+        "PackedImages": CLASS,
         "build_model": FUNCTION,
         "ensure_demo_dataset": FUNCTION,
+        "pack": FUNCTION,
     },
     "trainfast.diagnose": {
         "VERDICTS": CONSTANT,
@@ -126,6 +134,7 @@ SUBPACKAGES: dict[str, dict[str, str]] = {
         "LoaderPlan": CLASS,
         "LoaderResolution": CLASS,
         "TensorLoader": CLASS,
+        "ThreadLoader": CLASS,
         "build_loader": FUNCTION,
         "make_loader": FUNCTION,
         "plan_loader": FUNCTION,
@@ -211,7 +220,7 @@ def star_import(module: str) -> dict[str, Any]:
 def test_top_level_all_is_exactly_the_published_list() -> None:
     assert trainfast.__all__ == list(TOP_LEVEL)
     assert trainfast.__all__ == sorted(trainfast.__all__)
-    assert len([name for name in trainfast.__all__ if name != "__version__"]) == 17
+    assert len([name for name in trainfast.__all__ if name != "__version__"]) == 19
 
 
 def test_every_top_level_name_is_importable_and_of_its_documented_kind() -> None:

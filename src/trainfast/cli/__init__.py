@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from trainfast.bench.plot import PlotUnavailableError
-from trainfast.cli import bench, demo, doctor, env, train, tune
+from trainfast.cli import bench, demo, doctor, env, pack, train, tune
 from trainfast.data.images import CorruptImageError
 from trainfast.loader.faults import LoaderError
 from trainfast.trainer.checkpoint import CheckpointError, CheckpointWriteError
@@ -25,7 +25,7 @@ from trainfast.trainer.loop import NonFiniteLossError, TrainingOutOfMemoryError
 from trainfast.tune.batch_size import BatchSizeError
 from trainfast.version import __version__
 
-COMMANDS = (train, demo, doctor, tune, bench, env)
+COMMANDS = (train, pack, demo, doctor, tune, bench, env)
 BAD_INPUT, FAILED = 2, 1
 # trainfast's own expected failures and their exit codes, most specific first: 2 for what the user gave, 1 for
 # what went wrong during the work. Anything else is a bug and keeps its traceback.
@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="trainfast", description="Keep the accelerator fed: measure, tune and train PyTorch models fast.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  trainfast demo --quick\n  trainfast train --epochs 2 --checkpoint-dir runs/a\n"
+               "  trainfast pack ~/data/pets ~/data/pets-packed --image-size 96\n"
                "  torchrun --standalone --nproc-per-node=2 -m trainfast train --epochs 2\n"
                "  trainfast doctor train.py -- --lr 0.1\n  trainfast tune\n  trainfast bench --quick --plot bench.png\n"
                "  trainfast env\n\n"

@@ -20,6 +20,8 @@ from trainfast.cli.flags import (
 )
 from trainfast.data.images import ImageFolder
 from trainfast.data.models import MODELS, build_model
+from trainfast.data.packed import PackedImages
+from trainfast.data.packing import INDEX_NAME
 from trainfast.data.synthetic import SIZES, ensure_demo_dataset
 from trainfast.loader.make import make_loader
 from trainfast.loader.seeding import seed_all
@@ -34,7 +36,8 @@ EXAMPLES = """examples:
   trainfast train --epochs 3 --compile auto --json run.json # torch.compile kept only if it pays here
   torchrun --standalone --nproc-per-node=2 -m trainfast train --epochs 2 --checkpoint-dir runs/ddp --resume
 
---data DIR must hold DIR/train/<class>/<image> (and optionally DIR/val/<class>/<image>).
+--data DIR must hold DIR/train/<class>/<image> (and optionally DIR/val/<class>/<image>), or be a folder written
+by 'trainfast pack' (DIR/train/index.json and optionally DIR/val/index.json: fewer, larger files to read).
 precision, channels_last and --compile auto are confirmed by A/Bs on the first steps: the log and the JSON's
 precision / channels_last / compile blocks say what was chosen, with the measured step times.
 --on-bad-sample skip: a corrupt or truncated image is logged and replaced by the next one (at most 1% of the
@@ -51,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        description="Train a reference model on an image folder (the demo dataset by default).",
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, default=None,
-                   help="image folder with train/ (and val/); default: the demo dataset")
+                   help="image folder with train/ (and val/), or a 'trainfast pack' output; default: the demo dataset")
     p.add_argument("--demo-size", choices=tuple(SIZES), default="quick", help="demo dataset size when --data is absent")
     p.add_argument("--model", choices=tuple(MODELS), default="convnet", help="reference model (default: convnet)")
     p.add_argument("--image-size", type=positive_int, default=64, help="training resolution in pixels (default: 64)")
@@ -76,11 +79,18 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     root = args.data.expanduser() if args.data else ensure_demo_dataset(args.demo_size)
     check_data_root(root, parser)
     on_bad_sample = ON_BAD_SAMPLE[args.on_bad_sample]
+    train_set: ImageFolder | PackedImages
+    val_set: ImageFolder | PackedImages | None
     try:
-        train_set = ImageFolder(root / "train", image_size=args.image_size, on_bad_sample=on_bad_sample)
-        has_val = (root / "val").is_dir()
-        val_set = (ImageFolder(root / "val", image_size=args.image_size, train=False, on_bad_sample=on_bad_sample)
-                   if has_val else None)
+        if (root / "train" / INDEX_NAME).is_file():  # written by `trainfast pack`: corrupt images already left out
+            train_set = PackedImages(root / "train", image_size=args.image_size)
+            has_val = (root / "val" / INDEX_NAME).is_file()
+            val_set = PackedImages(root / "val", image_size=args.image_size, train=False) if has_val else None
+        else:
+            train_set = ImageFolder(root / "train", image_size=args.image_size, on_bad_sample=on_bad_sample)
+            has_val = (root / "val").is_dir()
+            val_set = (ImageFolder(root / "val", image_size=args.image_size, train=False,
+                                   on_bad_sample=on_bad_sample) if has_val else None)
     except (FileNotFoundError, ValueError) as e:
         parser.error(str(e))
     if val_set is None:

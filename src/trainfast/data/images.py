@@ -22,7 +22,7 @@ import math
 import os
 import random
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import numpy as np
 import torch
@@ -141,17 +141,8 @@ class ImageFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
 
     def _sample(self, index: int) -> tuple[torch.Tensor, int]:
         path = self.path(index)
-        try:
-            with Image.open(path) as im:
-                img = self._load(im)
-        except OSError as e:
-            if e.errno in RESOURCE_ERRNOS:
-                raise
-            raise CorruptImageError(f"cannot decode image {path!r}: {e}") from e
-        except (SyntaxError, ValueError, Image.DecompressionBombError) as e:
-            raise CorruptImageError(f"cannot decode image {path!r}: {e}") from e
-        arr = np.array(img, dtype=np.uint8)  # a writable copy: torch refuses read-only buffers
-        return torch.from_numpy(arr).permute(2, 0, 1), int(self.targets[index])
+        return decode_image(path, path, image_size=self.image_size, train=self.train, decode=self.decode,
+                            crop_scale=self.crop_scale, center_fraction=self.center_fraction), int(self.targets[index])
 
     def _sample_or_next(self, index: int) -> tuple[torch.Tensor, int]:
         n = len(self)
@@ -195,25 +186,45 @@ class ImageFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
                 "files (each is named in a warning), or raise max_bad_fraction (1 skips any number of them)"
             ) from error
 
-    def _load(self, im: Image.Image) -> Image.Image:
-        s = self.image_size
-        w, h = im.size
-        if self.train:
-            x0, y0, cw, ch = _random_crop(w, h, self.crop_scale)
-            flip = random.random() < 0.5
-        else:  # resize the short side to s / fraction, then centre crop s x s: the crop is the middle
-            side = min(w, h) * self.center_fraction
-            x0, y0, cw, ch = (w - side) / 2, (h - side) / 2, side, side
-            flip = False
-        if self.decode == "draft" and im.format == "JPEG":
-            # Largest DCT scale that keeps the crop at least s x s: the drafted image is >= (w, h) * s / crop.
-            im.draft("RGB", (math.ceil(w * s / cw), math.ceil(h * s / ch)))
-            fx, fy = im.size[0] / w, im.size[1] / h
-            x0, y0, cw, ch = x0 * fx, y0 * fy, cw * fx, ch * fy
-        if im.mode != "RGB":
-            im = im.convert("RGB")
-        out = im.resize((s, s), Image.Resampling.BILINEAR, box=(x0, y0, x0 + cw, y0 + ch))
-        return out.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flip else out
+
+def decode_image(source: str | BinaryIO, name: str, *, image_size: int, train: bool, decode: str = "draft",
+                 crop_scale: tuple[float, float] = (0.35, 1.0), center_fraction: float = 0.875) -> torch.Tensor:
+    """One image file (a path or an open binary file) as a uint8 CHW `image_size` x `image_size` tensor: the
+    decode, crop, flip and conversion `ImageFolder` and `PackedImages` share (train: random-resized crop and flip
+    drawn from Python's `random`; eval: centre crop). A file that cannot be decoded raises `CorruptImageError`
+    naming `name`; running out of open files or memory propagates as it is."""
+    try:
+        with Image.open(source) as im:
+            img = _crop_resize(im, image_size, train, decode, crop_scale, center_fraction)
+    except OSError as e:
+        if e.errno in RESOURCE_ERRNOS:
+            raise
+        raise CorruptImageError(f"cannot decode image {name!r}: {e}") from e
+    except (SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        raise CorruptImageError(f"cannot decode image {name!r}: {e}") from e
+    arr = np.array(img, dtype=np.uint8)  # a writable copy: torch refuses read-only buffers
+    return torch.from_numpy(arr).permute(2, 0, 1)
+
+
+def _crop_resize(im: Image.Image, s: int, train: bool, decode: str, crop_scale: tuple[float, float],
+                 center_fraction: float) -> Image.Image:
+    w, h = im.size
+    if train:
+        x0, y0, cw, ch = _random_crop(w, h, crop_scale)
+        flip = random.random() < 0.5
+    else:  # resize the short side to s / fraction, then centre crop s x s: the crop is the middle
+        side = min(w, h) * center_fraction
+        x0, y0, cw, ch = (w - side) / 2, (h - side) / 2, side, side
+        flip = False
+    if decode == "draft" and im.format == "JPEG":
+        # Largest DCT scale that keeps the crop at least s x s: the drafted image is >= (w, h) * s / crop.
+        im.draft("RGB", (math.ceil(w * s / cw), math.ceil(h * s / ch)))
+        fx, fy = im.size[0] / w, im.size[1] / h
+        x0, y0, cw, ch = x0 * fx, y0 * fy, cw * fx, ch * fy
+    if im.mode != "RGB":
+        im = im.convert("RGB")
+    out = im.resize((s, s), Image.Resampling.BILINEAR, box=(x0, y0, x0 + cw, y0 + ch))
+    return out.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flip else out
 
 
 def _shared_counters(slots: int) -> torch.Tensor:

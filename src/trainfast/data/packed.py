@@ -1,0 +1,121 @@
+"""`PackedImages`: the shards `trainfast pack` writes, read by offset from memory-mapped files.
+
+Each sample is the same `(uint8 CHW tensor, class index)` `ImageFolder` returns for the same options, through the
+same decode (`decode_image`): only where the JPEG bytes come from differs. Shards are opened lazily, once per
+shard and process; the maps are never pickled, so each DataLoader worker (fork or spawn) opens its own.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import mmap
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainfast.data.images import CorruptImageError, decode_image
+from trainfast.data.packing import INDEX_NAME, INDEX_VERSION, SHARD_PATTERN
+from trainfast.loader.prefetch import Normalize
+
+
+class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+    """A folder written by `trainfast pack` (`root/index.json` and `root/shard-*.tar`) as `(uint8 CHW tensor,
+    class index)` pairs, with `ImageFolder`'s augmentation options (`image_size`, `train`, `decode`,
+    `crop_scale`, `center_fraction`).
+
+    The corrupt source images `pack` left out are listed in `pack_skipped` (path, why). `skipped` and
+    `bad_samples` are 0: a sample that fails to decode here (a damaged shard) raises `CorruptImageError` naming
+    the shard and key.
+    """
+
+    normalize = Normalize()
+
+    def __init__(self, root: str | Path, *, image_size: int = 64, train: bool = True, decode: str = "draft",
+                 crop_scale: tuple[float, float] = (0.35, 1.0), center_fraction: float = 0.875) -> None:
+        root = Path(root)
+        index_path = root / INDEX_NAME
+        if not index_path.is_file():
+            raise FileNotFoundError(f"{str(root)!r} has no {INDEX_NAME}; pack an image folder into it with "
+                                    f"'trainfast pack SRC {root}'")
+        if decode not in ("draft", "full"):
+            raise ValueError(f"decode={decode!r} is not valid; choose 'draft' or 'full'")
+        if image_size < 8:
+            raise ValueError(f"image_size={image_size} is too small; use 8 or more")
+        index = json.loads(index_path.read_text())
+        if index.get("version") != INDEX_VERSION:
+            raise ValueError(f"{str(index_path)!r} has format version {index.get('version')!r}; this trainfast reads "
+                             f"version {INDEX_VERSION}: pack the images again")
+        if not index["key"]:
+            raise FileNotFoundError(f"{str(index_path)!r} lists no images")
+        self.root = root
+        self.classes: list[str] = list(index["classes"])
+        self.settings: dict[str, Any] = dict(index["settings"])
+        self.pack_skipped: tuple[tuple[str, str], ...] = tuple((s["path"], s["why"]) for s in index["skipped"])
+        self._keys = np.array(index["key"], dtype=np.int64)
+        self._shards = np.array(index["shard"], dtype=np.int32)
+        self._offsets = np.array(index["offset"], dtype=np.int64)
+        self._sizes = np.array(index["size"], dtype=np.int64)
+        self.targets = np.array(index["label"], dtype=np.int64)
+        ends = self._offsets + self._sizes
+        self._shard_ends = {int(n): int(ends[self._shards == n].max()) for n in np.unique(self._shards)}
+        self.image_size, self.train, self.decode = image_size, train, decode
+        self.crop_scale, self.center_fraction = crop_scale, center_fraction
+        self.bad_samples = 0
+        self._maps: dict[int, mmap.mmap] = {}
+        self._pid = os.getpid()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    @property
+    def sample_bytes(self) -> int:
+        """Bytes of one collated sample: the uint8 3 x image_size x image_size image and its int64 label."""
+        return 3 * self.image_size * self.image_size + 8
+
+    @property
+    def skipped(self) -> int:
+        """0: there is nothing to skip at read time (see `pack_skipped` for what `pack` left out)."""
+        return 0
+
+    def path(self, index: int) -> str:
+        """`<root>/shard-NNNNNN.tar:<key>.jpg`, the sample's place (for messages)."""
+        shard = SHARD_PATTERN.format(int(self._shards[index]))
+        return f"{self.root / shard}:{int(self._keys[index]):09d}.jpg"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_maps"] = {}  # open maps stay in the process that opened them
+        return state
+
+    def _map(self, shard: int) -> mmap.mmap:
+        if self._pid != os.getpid():  # forked after opening: open our own
+            self._maps, self._pid = {}, os.getpid()
+        mm = self._maps.get(shard)
+        if mm is None:
+            path = self.root / SHARD_PATTERN.format(shard)
+            with open(path, "rb") as f:
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            if len(mm) < self._shard_ends[shard]:
+                size = len(mm)
+                mm.close()
+                raise CorruptImageError(f"shard {str(path)!r} is {size} bytes, shorter than its index says "
+                                        f"({self._shard_ends[shard]}); pack the images again")
+            self._maps[shard] = mm
+        return mm
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        shard, offset, size = int(self._shards[index]), int(self._offsets[index]), int(self._sizes[index])
+        data = self._map(shard)[offset:offset + size]
+        image = decode_image(io.BytesIO(data), self.path(index), image_size=self.image_size, train=self.train,
+                             decode=self.decode, crop_scale=self.crop_scale, center_fraction=self.center_fraction)
+        return image, int(self.targets[index])
+
+    def close(self) -> None:
+        """Close the shards this process opened (they reopen on the next read)."""
+        for mm in self._maps.values():
+            mm.close()
+        self._maps = {}
