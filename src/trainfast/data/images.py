@@ -45,6 +45,11 @@ SKIPPED_SLOTS = 64
 log = logging.getLogger("trainfast")
 
 
+def image_sample_bytes(image_size: int) -> int:
+    """Bytes of one collated sample: the uint8 3 x image_size x image_size image and its int64 label."""
+    return 3 * image_size * image_size + 8
+
+
 class CorruptImageError(RuntimeError):
     """An image file could not be decoded; the message names the file."""
 
@@ -122,8 +127,7 @@ class ImageFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
 
     @property
     def sample_bytes(self) -> int:
-        """Bytes of one collated sample: the uint8 3 x image_size x image_size image and its int64 label."""
-        return 3 * self.image_size * self.image_size + 8
+        return image_sample_bytes(self.image_size)
 
     @property
     def skipped(self) -> int:

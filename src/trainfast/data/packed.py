@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainfast.data.images import CorruptImageError, decode_image
+from trainfast.data.images import CorruptImageError, decode_image, image_sample_bytes
 from trainfast.data.packing import INDEX_NAME, INDEX_VERSION, SHARD_PATTERN
 from trainfast.loader.prefetch import Normalize
 
@@ -73,8 +73,7 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
 
     @property
     def sample_bytes(self) -> int:
-        """Bytes of one collated sample: the uint8 3 x image_size x image_size image and its int64 label."""
-        return 3 * self.image_size * self.image_size + 8
+        return image_sample_bytes(self.image_size)
 
     @property
     def skipped(self) -> int:

@@ -11,25 +11,7 @@ from typing import Any
 
 import torch
 
-from trainfast.envcheck.checks import (
-    UNLIMITED,
-    Check,
-    checkpoint_space_check,
-    cpu_check,
-    cuda_alloc_conf_check,
-    cuda_versions_check,
-    db_handles_check,
-    nvml_check,
-    open_files_check,
-    read_cuda_alloc_conf,
-    read_driver_version,
-    read_free_bytes,
-    read_open_files_limit,
-    read_shm_bytes,
-    read_tf32_settings,
-    shm_check,
-    tf32_check,
-)
+from trainfast.envcheck import checks
 from trainfast.host import affinity_cpus, cgroup_cpu_limit, memory, usable_cpus
 from trainfast.units import format_bytes
 from trainfast.version import __version__
@@ -63,23 +45,23 @@ def environment() -> dict[str, Any]:
     cuda = torch.cuda.is_available()
     affinity, limit = affinity_cpus(), cgroup_cpu_limit()
     total, available = memory()
-    shm = read_shm_bytes()
-    nofile = read_open_files_limit()
+    shm = checks.read_shm_bytes()
+    nofile = checks.read_open_files_limit()
     devices = gpus()
     capability = (int(devices[0]["capability"][0]), int(devices[0]["capability"][1])) if devices else None
-    precision, cudnn_tf32 = read_tf32_settings()
+    precision, cudnn_tf32 = checks.read_tf32_settings()
     try:
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     except Exception:
         cudnn = None
-    checks: list[Check] = [
-        cpu_check(None, affinity, limit),
-        shm_check(shm, None, None, None),
-        open_files_check(nofile, None),
-        cuda_versions_check(),
-        nvml_check(),
-        tf32_check(cuda, capability, precision, cudnn_tf32),
-        cuda_alloc_conf_check(read_cuda_alloc_conf(), cuda),
+    found: list[checks.Check] = [
+        checks.cpu_check(None, affinity, limit),
+        checks.shm_check(shm, None, None, None),
+        checks.open_files_check(nofile, None),
+        checks.cuda_versions_check(),
+        checks.nvml_check(),
+        checks.tf32_check(cuda, capability, precision, cudnn_tf32),
+        checks.cuda_alloc_conf_check(checks.read_cuda_alloc_conf(), cuda),
     ]
     return {
         "python": platform.python_version(),
@@ -91,15 +73,15 @@ def environment() -> dict[str, Any]:
         "memory_bytes": total,
         "shm_bytes": shm,
         "gpus": devices,
-        "checks": [c.to_json() for c in checks],
+        "checks": [c.to_json() for c in found],
         "trainfast": __version__,
         "platform": platform.platform(),
         "torch_cuda": torch.version.cuda,
         "cudnn": cudnn,
-        "driver": read_driver_version(),
+        "driver": checks.read_driver_version(),
         "usable_cpus": usable_cpus(affinity, limit),
         "memory_available_bytes": available,
-        "open_files_limit": None if nofile is None or nofile >= UNLIMITED else nofile,
+        "open_files_limit": None if nofile is None or nofile >= checks.UNLIMITED else nofile,
     }
 
 
@@ -158,7 +140,7 @@ def tensors_batch_bytes(tensors: tuple[Any, ...] | list[Any], batch_size: int) -
     return batch_size * sum(int(t.element_size()) * (int(t.numel()) // int(t.shape[0])) for t in tensors)
 
 
-def preflight(loader: object, *, batch_bytes: int | None = None) -> list[Check]:
+def preflight(loader: object, *, batch_bytes: int | None = None) -> list[checks.Check]:
     """The checks to run on `loader` before its first batch: CPUs vs workers, /dev/shm room for the workers'
     batches, the open-files limit and open database handles on the dataset.
 
@@ -169,22 +151,23 @@ def preflight(loader: object, *, batch_bytes: int | None = None) -> list[Check]:
     workers, prefetch = loader_settings(loader)
     if batch_bytes is None:
         batch_bytes = estimate_batch_bytes(loader)
-    checks = [
-        cpu_check(workers, affinity_cpus(), cgroup_cpu_limit()),
-        shm_check(read_shm_bytes(), workers, prefetch, batch_bytes),
-        open_files_check(read_open_files_limit(), workers),
+    found = [
+        checks.cpu_check(workers, affinity_cpus(), cgroup_cpu_limit()),
+        checks.shm_check(checks.read_shm_bytes(), workers, prefetch, batch_bytes),
+        checks.open_files_check(checks.read_open_files_limit(), workers),
     ]
     dataset = _attr(loader, "dataset")
     if dataset is not None:
-        checks.append(db_handles_check(dataset, num_workers=workers))
-    return checks
+        found.append(checks.db_handles_check(dataset, num_workers=workers))
+    return found
 
 
-def checkpoint_preflight(folder: str | Path, checkpoint_bytes: int, keep: int, held_bytes: int = 0) -> Check:
+def checkpoint_preflight(folder: str | Path, checkpoint_bytes: int, keep: int, held_bytes: int = 0) -> checks.Check:
     """Room on the volume of `folder` for `keep` rotated checkpoints and best.pt of about `checkpoint_bytes`
     each, checked before training, not found out as a full disk at the end of an epoch. `held_bytes`: the
     checkpoints already in `folder` (a resumed run), which the new ones replace."""
-    return checkpoint_space_check(str(folder), read_free_bytes(folder), checkpoint_bytes, keep, held_bytes)
+    return checks.checkpoint_space_check(str(folder), checks.read_free_bytes(folder), checkpoint_bytes, keep,
+                                         held_bytes)
 
 
 # --- the bug-report block ----------------------------------------------------------------------------------

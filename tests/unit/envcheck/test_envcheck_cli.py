@@ -12,6 +12,7 @@ from trainfast.cli import env
 from trainfast.envcheck import CONTRACT_FIELDS
 
 environment_module = importlib.import_module("trainfast.envcheck.environment")
+checks_module = importlib.import_module("trainfast.envcheck.checks")
 
 
 def _run(argv: list[str]) -> int:
@@ -41,8 +42,8 @@ def test_env_prints_the_checks_and_the_fenced_block(capsys: pytest.CaptureFixtur
 
 def test_env_exits_0_with_warnings(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
 
-    monkeypatch.setattr(environment_module, "read_shm_bytes", lambda: 64 * 2**20)
-    monkeypatch.setattr(environment_module, "read_open_files_limit", lambda: 256)
+    monkeypatch.setattr(checks_module, "read_shm_bytes", lambda: 64 * 2**20)
+    monkeypatch.setattr(checks_module, "read_open_files_limit", lambda: 256)
     assert _run(["env"]) == 0
     out = capsys.readouterr().out
     assert "warn" in out and "[warn] shm:" in out and "[warn] open_files:" in out

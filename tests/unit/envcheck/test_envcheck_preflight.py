@@ -28,6 +28,7 @@ from trainfast.loader.memory import TensorLoader
 
 # the module, not the function `trainfast.envcheck.environment` that shadows its name on the package
 environment_module = importlib.import_module("trainfast.envcheck.environment")
+checks_module = importlib.import_module("trainfast.envcheck.checks")
 
 
 class Recording(Dataset[tuple[torch.Tensor, int]]):
@@ -60,8 +61,8 @@ def machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fixed machine: 2 usable CPUs, 64 MiB of /dev/shm, ulimit -n 1024."""
     monkeypatch.setattr(environment_module, "affinity_cpus", lambda: 2)
     monkeypatch.setattr(environment_module, "cgroup_cpu_limit", lambda: None)
-    monkeypatch.setattr(environment_module, "read_shm_bytes", lambda: 64 * 2**20)
-    monkeypatch.setattr(environment_module, "read_open_files_limit", lambda: 1024)
+    monkeypatch.setattr(checks_module, "read_shm_bytes", lambda: 64 * 2**20)
+    monkeypatch.setattr(checks_module, "read_open_files_limit", lambda: 1024)
 
 
 def test_torch_dataloader_with_workers(machine: None, db: sqlite3.Connection) -> None:
@@ -193,8 +194,8 @@ def test_environment_on_a_faked_ampere_gpu(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
-    monkeypatch.setattr(environment_module, "read_tf32_settings", lambda: ("highest", True))
-    monkeypatch.setattr(environment_module, "read_cuda_alloc_conf", lambda: None)
+    monkeypatch.setattr(checks_module, "read_tf32_settings", lambda: ("highest", True))
+    monkeypatch.setattr(checks_module, "read_cuda_alloc_conf", lambda: None)
     env = environment()
     assert env["cuda_available"] is True
     assert env["gpus"] == [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "capability": [9, 0],
