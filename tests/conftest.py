@@ -18,6 +18,9 @@ from trainfast.data.synthetic import DemoSize, ensure_demo_dataset
 # Set by torch itself, once per process, on the first optimizer step or compile: not a leak of ours.
 TORCH_OWN_ENV_PREFIXES = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_", "_TORCHINDUCTOR_", "TRITON_")
 TINY = DemoSize(name="tiny", train_per_class=8, val_per_class=4)  # 10 classes: 80 train, 40 val images
+# JPEGs decode with Pillow in every test process (workers too) unless a test picks simplejpeg: the auto choice
+# times both libraries, and tests that spy on Pillow's draft() must not depend on which won on this machine.
+os.environ.setdefault("TRAINFAST_JPEG", "pillow")
 
 
 def _torch_globals() -> dict[str, object]:
