@@ -2,34 +2,52 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
+import subprocess
+import sys
 
+import pytest
+
+MIB = 2**20
+# Each block runs in a fresh process: in a long test process, freed memory the allocator kept resident can serve
+# the 64 MiB, and then RSS does not move. The ones() are written, so their pages are resident.
+PEAK_FREED_BEFORE_THE_END = """
+import torch
 from trainfast.bench import peak
 from trainfast.bench.peak import PeakMemory
-
-CPU = torch.device("cpu")
-MIB = 2**20
-
-
-def touch(n_bytes: int) -> torch.Tensor:
-    return torch.ones(n_bytes // 4, dtype=torch.float32)  # written, so its pages are resident
+if not peak._reset_peak_rss():
+    print("no-reset")
+else:
+    with PeakMemory(torch.device("cpu")) as p:
+        x = torch.ones(64 * 2**20 // 4)
+        del x
+    print(p.source, p.method, p.peak_bytes)
+"""
 
 
 def test_the_kernel_counter_keeps_a_peak_freed_before_the_end() -> None:
-    if not peak._reset_peak_rss():
+    out = subprocess.run([sys.executable, "-c", PEAK_FREED_BEFORE_THE_END], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    if out == ["no-reset"]:
         pytest.skip("the peak-RSS counter cannot be reset here (no /proc/self/clear_refs)")
-    with PeakMemory(CPU) as p:
-        x = touch(64 * MIB)
-        del x
-    assert (p.source, p.method) == ("rss", "vmhwm")
-    assert p.peak_bytes is not None and p.peak_bytes >= 32 * MIB
+    source, method, peak_bytes = out
+    assert (source, method) == ("rss", "vmhwm")
+    assert int(peak_bytes) >= 32 * MIB
 
 
-def test_without_the_kernel_counter_rss_is_sampled(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(peak, "_reset_peak_rss", lambda: False)
-    with PeakMemory(CPU) as p:
-        x = touch(64 * MIB)
-    assert (p.source, p.method) == ("rss", "sampled")
-    assert p.peak_bytes is not None and p.peak_bytes >= 32 * MIB  # still held at the end: RSS on exit counts it
-    del x
+PEAK_SAMPLED = """
+import torch
+from trainfast.bench import peak
+from trainfast.bench.peak import PeakMemory
+peak._reset_peak_rss = lambda: False  # as where /proc/self/clear_refs is missing
+with PeakMemory(torch.device("cpu")) as p:
+    x = torch.ones(64 * 2**20 // 4)
+print(p.source, p.method, p.peak_bytes)
+"""
+
+
+def test_without_the_kernel_counter_rss_is_sampled() -> None:
+    out = subprocess.run([sys.executable, "-c", PEAK_SAMPLED], capture_output=True, text=True, timeout=120,
+                         check=True).stdout.split()
+    source, method, peak_bytes = out
+    assert (source, method) == ("rss", "sampled")
+    assert int(peak_bytes) >= 32 * MIB  # still held at the end: RSS on exit counts it
