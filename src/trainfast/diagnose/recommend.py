@@ -189,19 +189,19 @@ def amp(e: Evidence) -> Recommendation | None:
     if (e.device != "cuda" and not cpu_bf16) or e.autocast or e.fractions.compute < 0.3:
         return None
     if cpu_bf16:
-        return Recommendation(
-            "amp", "Train in mixed precision (bfloat16 on this CPU)",
-            f"no autocast was seen; compute is {e.fractions.compute:.0%} of each step and this CPU multiplies in "
-            f"bf16 natively (assumed {CPU_BF16_COMPUTE_SPEEDUP}x on compute; check loss curves)",
-            "with torch.autocast('cpu', dtype=torch.bfloat16): loss = ...  # or TrainConfig(precision='auto')",
-            _speedup_of_part(e.fractions.compute, CPU_BF16_COMPUTE_SPEEDUP))
-    dtype = "bfloat16" if e.bf16_supported else "float16 with a GradScaler"
+        dtype, title, speedup = "bfloat16", "bfloat16 on this CPU", CPU_BF16_COMPUTE_SPEEDUP
+        why = "this CPU multiplies in bf16 natively"
+        note = f"assumed {speedup}x on compute; check loss curves"
+    else:
+        dtype = title = "bfloat16" if e.bf16_supported else "float16 with a GradScaler"
+        speedup = AMP_COMPUTE_SPEEDUP
+        why = f"tensor cores run {dtype.split()[0]} several times faster than fp32"
+        note = f"assumed {speedup}x on compute"
     return Recommendation(
-        "amp", f"Train in mixed precision ({dtype})",
-        f"no autocast was seen; compute is {e.fractions.compute:.0%} of each step and tensor cores run "
-        f"{dtype.split()[0]} several times faster than fp32 (assumed {AMP_COMPUTE_SPEEDUP}x on compute)",
-        "with torch.autocast('cuda', dtype=torch.bfloat16): loss = ...  # or TrainConfig(precision='auto')",
-        _speedup_of_part(e.fractions.compute, AMP_COMPUTE_SPEEDUP))
+        "amp", f"Train in mixed precision ({title})",
+        f"no autocast was seen; compute is {e.fractions.compute:.0%} of each step and {why} ({note})",
+        f"with torch.autocast('{e.device}', dtype=torch.bfloat16): loss = ...  # or TrainConfig(precision='auto')",
+        _speedup_of_part(e.fractions.compute, speedup))
 
 
 def bf16(e: Evidence) -> Recommendation | None:
