@@ -2,9 +2,10 @@
 
 Workload: the quick demo dataset (64 px JPEGs), batch 64, the reference ConvNet's training step co-running,
 on this machine's device. The exhaustive sweep measures every configuration the tuner searches over
-(workers 0..N, prefetch 2 or 4, and on the CPU every intra-op thread count 1..N; pinned memory too on CUDA)
-with the same number of batches per trial. The chosen and the best configurations are then measured again,
-interleaved, `--repeats` times, so that the quality ratio is not one noisy trial against another.
+(workers 0..N as processes or as threads, prefetch 2 or 4, and on the CPU every intra-op thread count 1..N; pinned
+memory too on CUDA), each for `--batches` batches. The tuner's trials are capped at the same count and stop earlier
+once their rate is known (or clearly too low to matter). The chosen and the best configurations are then measured
+again, interleaved, `--repeats` times, so that the quality ratio is not one noisy trial against another.
 
     python benchmarks/tuner_quality.py --json tuner_quality.json
 """
@@ -36,9 +37,9 @@ from trainfast.tune.tuner import tune_loader
 def grid(cpus: int, cpu_training: bool, cuda: bool) -> list[WorkerSettings]:
     threads: list[int | None] = list(range(1, cpus + 1)) if cpu_training else [None]
     configs = [WorkerSettings(0, None, False, t) for t in threads]
-    for workers, prefetch, pin, t in itertools.product(range(1, cpus + 1), (2, 4), (False, True) if cuda else (False,),
-                                                       threads):
-        configs.append(WorkerSettings(workers, prefetch, pin, t))
+    for backend, workers, prefetch, pin, t in itertools.product(("processes", "threads"), range(1, cpus + 1), (2, 4),
+                                                                (False, True) if cuda else (False,), threads):
+        configs.append(WorkerSettings(workers, prefetch, pin, t, backend))
     return configs
 
 
@@ -61,7 +62,7 @@ def main() -> None:
         warmup = 2 + config.num_workers * (config.prefetch_factor or 2)
         return run_trial(dataset, 64, config, step_fn=step, batches=batches, warmup=warmup, device=device.type)
 
-    # The same number of measured batches per trial as the sweep: the time ratio compares trial counts fairly.
+    # Trials capped at the sweep's batch count: without early stopping a tuner trial is a sweep trial.
     tuned = tune_loader(dataset, 64, step, budget_s=args.budget_s, device=device.type, save=False,
                         batches=args.batches)
     started = time.perf_counter()
@@ -78,11 +79,14 @@ def main() -> None:
         "best_samples_per_s": statistics.median(rates["best"]),
         "tuner_seconds": tuned.sweep_seconds, "sweep_seconds": sweep_s, "time_ratio": tuned.sweep_seconds / sweep_s,
         "goal_time_ratio": 0.25, "tuner_trials": len(tuned.trials), "sweep_trials": len(sweep),
+        "tuner_batches": sum(t.batches for t in tuned.trials), "sweep_batches": sum(t.batches for t in sweep),
         "sweep": [t.to_json() for t in sweep], "tuner_trials_detail": [t.to_json() for t in tuned.trials],
         "hardware": hardware()}
     print(describe(report["hardware"]))
-    print(f"tuner chose   {tuned.chosen.label():<40} in {tuned.sweep_seconds:5.1f} s, {len(tuned.trials)} trials")
-    print(f"sweep best    {best.config.label():<40} in {sweep_s:5.1f} s, {len(sweep)} trials")
+    print(f"tuner chose   {tuned.chosen.label():<48} in {tuned.sweep_seconds:5.1f} s, {len(tuned.trials)} trials, "
+          f"{report['tuner_batches']} measured batches")
+    print(f"sweep best    {best.config.label():<48} in {sweep_s:5.1f} s, {len(sweep)} trials, "
+          f"{report['sweep_batches']} measured batches")
     print(f"quality       chosen / best = {quality.median:.3f} (median of {args.repeats} interleaved re-measurements, "
           f"range {quality.minimum:.3f}-{quality.maximum:.3f}); goal >= 0.95")
     print(f"search time   {report['time_ratio']:.0%} of the exhaustive sweep's; goal <= 25%")

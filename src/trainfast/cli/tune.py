@@ -10,9 +10,10 @@ from rich.console import Console
 from rich.table import Table
 
 from trainfast.atomic import write_json
-from trainfast.cli.flags import ON_BAD_SAMPLE, add_on_bad_sample_flag, check_data_root, positive_int
-from trainfast.data.images import ImageFolder
+from trainfast.cli.flags import add_on_bad_sample_flag, open_data, positive_int
 from trainfast.data.models import MODELS, build_model
+from trainfast.data.packed import PackedImages
+from trainfast.data.splits import describe_packed
 from trainfast.data.synthetic import SIZES, ensure_demo_dataset
 from trainfast.device import resolve_device
 from trainfast.trainer.config import ConfigError
@@ -23,22 +24,27 @@ EXAMPLES = """examples:
   trainfast tune                                   # the demo dataset, batch 64, co-running the ConvNet's step
   trainfast tune --data ~/data/pets --batch-size 128 --budget-s 120 --json tune.json
   trainfast train --data ~/data/pets --batch-size 128 --workers tuned   # then use what it found
+  trainfast tune --data ~/data/pets-packed --image-size 96 --batch-size 128   # a 'trainfast pack' output
 
+--data DIR holds DIR/train/<class>/<image>, or is a folder written by 'trainfast pack' (DIR/train/index.json).
 The result is cached per (dataset, batch size, machine) under $TRAINFAST_CACHE/tune and read by
-make_loader(..., workers="tuned") and `trainfast train --workers tuned`.
+make_loader(..., workers="tuned") and `trainfast train --workers tuned` with the same --data, --image-size and
+--batch-size.
 --on-bad-sample skip measures with corrupt images skipped (each logged), as `trainfast train --on-bad-sample skip`
-reads them. Errors are one line, 'trainfast tune: error: ...' (--debug: the full traceback). Exit codes: 0 done,
-1 the measurement failed (a corrupt image, a loader failure), 2 bad input (a value, the data folder, a dataset
-smaller than one batch).
+reads them (packed data has none: 'pack' left them out). Errors are one line, 'trainfast tune: error: ...'
+(--debug: the full traceback). Exit codes: 0 done, 1 the measurement failed (a corrupt image, a loader failure),
+2 bad input (a value, the data folder, a dataset smaller than one batch).
 """
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("tune", help="find the fastest cheap loader configuration by measurement", epilog=EXAMPLES,
-                       description="Measure loader workers, prefetch, pinning and (on the CPU) intra-op threads "
-                                   "while the real training step runs; keep the cheapest within 3% of the best.",
+                       description="Measure loader workers (processes or threads), prefetch, pinning and (on the CPU) "
+                                   "intra-op threads while the real training step runs; keep the cheapest within 3% "
+                                   "of the best.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, default=None, help="image folder with train/; default: the demo dataset")
+    p.add_argument("--data", type=Path, default=None,
+                   help="image folder with train/, or a 'trainfast pack' output; default: the demo dataset")
     p.add_argument("--demo-size", choices=tuple(SIZES), default="quick", help="demo dataset size without --data")
     p.add_argument("--batch-size", type=positive_int, default=64, help="samples per batch (default: 64)")
     p.add_argument("--image-size", type=positive_int, default=64, help="training resolution (default: 64)")
@@ -55,16 +61,18 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.budget_s <= 0:
         parser.error(f"--budget-s {args.budget_s} is not valid; give a positive number of seconds")
     root = args.data.expanduser() if args.data else ensure_demo_dataset(args.demo_size)
-    check_data_root(root, parser)
+    dataset, _ = open_data(root, parser, image_size=args.image_size, on_bad_sample=args.on_bad_sample, val=False)
     try:
         device = resolve_device(args.device)
-        dataset = ImageFolder(root / "train", image_size=args.image_size,
-                              on_bad_sample=ON_BAD_SAMPLE[args.on_bad_sample])
-    except (ValueError, FileNotFoundError) as e:
+    except ValueError as e:
         parser.error(str(e))
     if len(dataset) < args.batch_size:  # every trial drops an incomplete batch: nothing would be measured
         raise ConfigError(f"--data {str(root)!r} has {len(dataset)} training image(s), fewer than one batch of "
                           f"--batch-size {args.batch_size}; give --batch-size {len(dataset)} or less, or more images")
+    console = Console()
+    if isinstance(dataset, PackedImages):
+        console.print(f"data: {dataset.root}, packed by 'trainfast pack': {describe_packed(dataset)}",
+                      markup=False, highlight=False, soft_wrap=True)
     step = None
     if not args.no_step:
         torch.manual_seed(0)
@@ -79,7 +87,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         mark = " ◀ chosen" if trial.config == result.chosen else ""
         table.add_row(trial.config.label() + mark, f"{trial.samples_per_s:,.0f}",
                       f"{trial.samples_per_s / result.baseline_samples_per_s:.2f}x", f"{trial.seconds:.1f}")
-    console = Console()
     console.print(table)
     console.print(f"chosen: {result.chosen.label()} — {result.chosen_samples_per_s:,.0f} samples/s, "
                   f"{result.speedup:.2f}x the baseline (workers=0, default threads); search took "

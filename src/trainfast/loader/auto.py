@@ -47,6 +47,11 @@ def split_cpu(cpus: int) -> tuple[int, int]:
     return workers, threads_beside_workers(cpus, workers)
 
 
+def auto_prefetch(workers: int) -> int:
+    """Batches each of `workers` workers loads ahead: `IN_FLIGHT_BATCHES` in all, at least 2 each."""
+    return max(2, math.ceil(IN_FLIGHT_BATCHES / workers))
+
+
 def threads_beside_workers(cpus: int, workers: int) -> int:
     """Intra-op threads for CPU training next to `workers` loader processes."""
     return max(1, cpus - workers)
@@ -91,7 +96,7 @@ def plan_loader(*, workers: int | Auto, pin_memory: bool | Auto, prefetch_factor
     persistent = n > 0 if persistent_workers == "auto" else (persistent_workers and n > 0)
     if n > 0:
         reasons.append(f"persistent_workers={persistent}" + (" (no worker restart each epoch)" if persistent else ""))
-        pf = max(2, math.ceil(IN_FLIGHT_BATCHES / n)) if prefetch_factor == "auto" else prefetch_factor
+        pf = auto_prefetch(n) if prefetch_factor == "auto" else prefetch_factor
         reasons.append(f"prefetch_factor={pf} ({n * pf} batches in flight)")
     else:
         pf = None

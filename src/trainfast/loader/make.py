@@ -147,8 +147,8 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
     already on the GPU are gathered there, and pinning (host memory only) does not apply to them.
     Shuffle order and per-batch augmentation seeds depend only on (seed, epoch, batch), never on the
     worker count. `rank`/`world_size` default to torchrun's `RANK`/`WORLD_SIZE`. `workers="tuned"` takes
-    workers, prefetch, pinning and (for CPU training) intra-op threads from `trainfast tune`'s result for
-    this dataset and batch size, falling back to "auto" when there is none.
+    workers, prefetch, pinning, the backend and (for CPU training) intra-op threads from `trainfast tune`'s result
+    for this dataset and batch size, falling back to "auto" when there is none.
 
     `backend="threads"`: the workers are threads of this process, each making whole batches (`ThreadLoader`: no
     IPC, for decoders that release the GIL, as Pillow's JPEG decode). Their augmentation is reproducible only when

@@ -80,13 +80,15 @@ def resolve_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: i
     norm = options.normalize if options.normalize is not None else getattr(dataset, "normalize", None)
     samples = cast(Dataset[Any], dataset)  # any sequence of samples works, as with DataLoader
     in_place = tensors is not None and plan.num_workers == 0
-    threads = options.backend == "threads" and plan.num_workers > 0
+    threads = (options.backend == "threads" or plan.backend == "threads") and plan.num_workers > 0
     if threads:
         plan = _for_threads(plan)
         if tensors is not None and not isinstance(samples, Dataset):
             samples = TensorDataset(*tensors)
-    elif not in_place:
-        plan, samples = _for_dataloader(plan, samples, tensors, batch_size, options.timeout_s)
+    else:
+        plan = replace(plan, backend="processes")  # a tuning's "threads" with no workers: nothing to thread
+        if not in_place:
+            plan, samples = _for_dataloader(plan, samples, tensors, batch_size, options.timeout_s)
     if options.backend == "threads" and not threads:
         plan = replace(plan, reasons=(*plan.reasons, "backend='threads' ignored: no workers, batches are loaded "
                                       "in the main thread"))
@@ -119,7 +121,7 @@ def _for_threads(plan: LoaderPlan) -> LoaderPlan:
     reasons = tuple(r for r in plan.reasons if not r.startswith("persistent_workers="))
     return replace(plan, backend="threads", persistent_workers=False, reasons=(
         *reasons, f"backend=threads: {n} loader thread(s) in this process, each making whole batches (no IPC; "
-        f"threads start each epoch, at most {n * pf} batches in flight)"))
+        f"at most {n * pf} batches in flight, the next epoch's first ones made during this one's last)"))
 
 
 def _plan(dataset: Any, batch_size: int, options: LoaderOptions, tensors: tuple[torch.Tensor, ...] | None,
@@ -134,8 +136,8 @@ def _plan(dataset: Any, batch_size: int, options: LoaderOptions, tensors: tuple[
                        drop_last=options.drop_last, shuffle=options.shuffle, dataset_len=n,
                        in_memory=tensors is not None, target=target, cpus=cpus,
                        on_device=tensors is not None and all(t.device.type != "cpu" for t in tensors))
-    if tuned is not None:
-        plan = replace(plan, cpu_threads=tuned.cpu_threads,
+    if tuned is not None:  # the tuning's backend too ("threads" is kept when the options ask for it)
+        plan = replace(plan, cpu_threads=tuned.cpu_threads, backend=tuned.backend,
                        reasons=(f"tuned by measurement ({tuned.label()})", *plan.reasons))
     return plan
 

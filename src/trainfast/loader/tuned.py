@@ -30,15 +30,17 @@ T = TypeVar("T")
 @dataclass(frozen=True, order=True)
 class WorkerSettings:
     """What the tuner varies. Ordered cheapest first for a CPU target: fewer workers, fewer prefetched batches, no
-    pinning (on CUDA pinning is the default and costs nothing: `trainfast.tune.search.cheapest_within(cuda=True)`)."""
+    pinning (on CUDA pinning is the default and costs nothing: `trainfast.tune.search.cheapest_within(cuda=True)`).
+    `backend`: what the workers are, "processes" or "threads" (`make_loader(backend=...)`)."""
 
     num_workers: int
     prefetch_factor: int | None = None
     pin_memory: bool = False
     cpu_threads: int | None = None  # intra-op threads while training on the CPU; None leaves torch's setting
+    backend: str = "processes"
 
     def label(self) -> str:
-        parts = [f"workers={self.num_workers}"]
+        parts = [f"{'thread-workers' if self.backend == 'threads' else 'workers'}={self.num_workers}"]
         if self.num_workers:
             parts.append(f"prefetch={self.prefetch_factor}")
         if self.pin_memory:
@@ -54,10 +56,12 @@ class WorkerSettings:
     def from_json(cls, data: dict[str, Any]) -> WorkerSettings:
         """The configuration `to_json` wrote; ValueError when a field has the wrong type or range (a record
         edited or damaged by hand), so that a bad file is skipped instead of reaching the DataLoader."""
-        config = cls(**{k: data[k] for k in ("num_workers", "prefetch_factor", "pin_memory", "cpu_threads")})
+        config = cls(**{k: data[k] for k in ("num_workers", "prefetch_factor", "pin_memory", "cpu_threads")},
+                     backend=data.get("backend", "processes"))  # records written before the backend was tuned
         if not (_count(config.num_workers, 0) and (config.prefetch_factor is None or _count(config.prefetch_factor, 1))
                 and isinstance(config.pin_memory, bool)
-                and (config.cpu_threads is None or _count(config.cpu_threads, 1))):
+                and (config.cpu_threads is None or _count(config.cpu_threads, 1))
+                and config.backend in ("processes", "threads")):
             raise ValueError(f"not a loader configuration: {data!r}")
         return config
 

@@ -35,7 +35,7 @@ class TuneResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TuneResult:
-        trials = [Trial(WorkerSettings.from_json(t["config"]), t["samples_per_s"], t["seconds"])
+        trials = [Trial(WorkerSettings.from_json(t["config"]), t["samples_per_s"], t["seconds"], t.get("batches", 0))
                   for t in data["trials"]]
         return cls(WorkerSettings.from_json(data["chosen"]), data["chosen_samples_per_s"],
                    WorkerSettings.from_json(data["baseline"]), data["baseline_samples_per_s"], trials,

@@ -12,7 +12,10 @@ import torch
 
 from trainfast.device import DeviceClock
 from trainfast.host import available_cpus
+from trainfast.loader.auto import threads_beside_workers
 from trainfast.loader.make import make_loader
+from trainfast.loader.options import LoaderOptions
+from trainfast.loader.resolve import resolve_loader
 from trainfast.loader.tuned import WorkerSettings, cache_key
 from trainfast.samples import batch_samples
 from trainfast.trainer.step import TrainStep
@@ -23,8 +26,11 @@ from trainfast.tune.trial import Trial, run_trial
 
 log = logging.getLogger("trainfast")
 progress = logging.getLogger("trainfast.tune")  # stays audible while make_loader's explanations are muted
-TRIAL_SHARE = 1 / 8  # each trial gets about this share of the budget: the search runs 5-8 of them
-MIN_BATCHES, MAX_BATCHES = 8, 400
+TRIAL_SHARE = 1 / 8  # each trial gets at most about this share of the budget: the search runs 5-9 of them
+MAX_BATCHES = 400
+# A trial stops once its rate is known within this (95 % confidence): finer than the 5 % the choice may miss the
+# exhaustive sweep's best by, coarser would let the noise decide.
+PRECISION = 0.04
 
 
 @contextmanager
@@ -53,6 +59,13 @@ def _compute_rate(dataset: Any, batch_size: int, step_fn: TrainStep, repeats: in
     return repeats * batch_samples(batch) / clock.elapsed()
 
 
+def start_config(dataset: Any, batch_size: int, *, device: str, cpu_training: bool) -> WorkerSettings:
+    """`make_loader`'s "auto" plan for this dataset as a configuration: where the search starts."""
+    plan = resolve_loader(dataset, batch_size, LoaderOptions(device=device)).plan
+    return WorkerSettings(plan.num_workers, plan.prefetch_factor, plan.pin_memory,
+                          threads_beside_workers(available_cpus(), plan.num_workers) if cpu_training else None)
+
+
 def tune_loader(dataset: Any, batch_size: int, step_fn: TrainStep | None = None, *, budget_s: float = 60.0,
                 device: str = "auto", save: bool = True, batches: int | None = None) -> TuneResult:
     """Find the cheapest loader configuration within a few percent of the fastest, by measurement.
@@ -60,33 +73,33 @@ def tune_loader(dataset: Any, batch_size: int, step_fn: TrainStep | None = None,
     With `step_fn(batch)` (one training step), trials co-run it: a loader measured alone cannot see that
     its workers take cores from the model. On the CPU the intra-op thread count is tuned with the workers.
     The result is cached for `make_loader(dataset, batch_size, workers="tuned")` and the Trainer.
-    `batches` fixes the measured batches per trial; by default a probe sizes them to fit the budget.
+    A trial measures until its rate is known within `PRECISION`, or is clearly too slow to matter, for at most
+    `batches` batches (default `MAX_BATCHES`) and about `budget_s / 8` seconds.
     """
     if budget_s <= 0:
         raise ValueError(f"budget_s={budget_s} is not valid; give the search a positive number of seconds")
     target = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device.split(":")[0]
     cpus = available_cpus()
+    cpu_training = step_fn is not None and target == "cpu"
     started = time.perf_counter()
     with _quiet():
         compute_rate = _compute_rate(dataset, batch_size, step_fn, device=device) if step_fn is not None else None
-        if batches is None:  # size every trial from the baseline's speed so the whole search fits the budget
-            probe = run_trial(dataset, batch_size, WorkerSettings(0), step_fn=step_fn, batches=MIN_BATCHES, warmup=2,
-                              device=device)
-            per_batch_s = batch_size / probe.samples_per_s if probe.samples_per_s else 1.0
-            batches = int(min(MAX_BATCHES, max(MIN_BATCHES, budget_s * TRIAL_SHARE / per_batch_s)))
-        trial_batches = batches
+        cap = batches if batches is not None else MAX_BATCHES
 
-        def measure(config: WorkerSettings) -> Trial:
+        def measure(config: WorkerSettings, beat: float | None) -> Trial:
             warmup = 2 + config.num_workers * (config.prefetch_factor or 2)  # past the filled queues
-            trial = run_trial(dataset, batch_size, config, step_fn=step_fn, batches=trial_batches, warmup=warmup,
-                              device=device)
-            progress.info("tune: %-40s %9.0f samples/s (%.1f s)", config.label(), trial.samples_per_s, trial.seconds)
+            trial = run_trial(dataset, batch_size, config, step_fn=step_fn, batches=cap, warmup=warmup,
+                              device=device, precision=PRECISION, beat=beat, max_s=budget_s * TRIAL_SHARE)
+            progress.info("tune: %-48s %9.0f samples/s (%d batches, %.1f s)", config.label(), trial.samples_per_s,
+                          trial.batches, trial.seconds)
             return trial
 
+        start = start_config(dataset, batch_size, device=device, cpu_training=cpu_training)
         remaining = budget_s - (time.perf_counter() - started)
-        trials = search(measure, cpus=cpus, cpu_training=step_fn is not None and target == "cpu",
-                        cuda=target == "cuda", budget_s=max(remaining, 0.0), compute_rate=compute_rate)
-    baseline = trials[0]
+        trials = search(measure, start=start, cpus=cpus, cpu_training=cpu_training, cuda=target == "cuda",
+                        budget_s=max(remaining, 0.0), compute_rate=compute_rate,
+                        threads_backend=not _in_memory(dataset))
+    baseline = next(t for t in trials if t.config == WorkerSettings(0))
     chosen = cheapest_within(trials, cuda=target == "cuda")
     key, describes = cache_key(dataset, batch_size, with_step=step_fn is not None, device=target)
     describes["compute_only_samples_per_s"] = compute_rate
@@ -97,3 +110,8 @@ def tune_loader(dataset: Any, batch_size: int, step_fn: TrainStep | None = None,
         log.info("tune: chose %s (%.0f samples/s, %.2fx the baseline); saved %s", chosen.config.label(),
                  chosen.samples_per_s, result.speedup, path)
     return result
+
+
+def _in_memory(dataset: Any) -> bool:
+    """Tensors batched in place by indexing: no decode for loader threads to overlap."""
+    return resolve_loader(dataset, 1, LoaderOptions(device="cpu", workers=0)).tensors is not None

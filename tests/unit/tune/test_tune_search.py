@@ -14,6 +14,7 @@ from torch import nn
 from trainfast import make_loader
 from trainfast.data.images import ImageFolder
 from trainfast.loader import tuned as cache
+from trainfast.loader.auto import auto_prefetch
 from trainfast.loader.tuned import WorkerSettings
 from trainfast.tune import result as tune_result
 from trainfast.tune.search import cheapest_within, search
@@ -21,61 +22,103 @@ from trainfast.tune.trial import Trial
 from trainfast.tune.tuner import tune_loader
 
 
-def fake_measure(rates: dict[int, float], per_thread: dict[int, float] | None = None):  # type: ignore[no-untyped-def]
-    """Throughput by worker count (and an optional bonus by thread count); records what was measured."""
+def fake_measure(rates: dict[int, float], per_thread: dict[int, float] | None = None,  # type: ignore[no-untyped-def]
+                 threads_backend: float = 1.0):
+    """Throughput by worker count (an optional bonus by thread count, a factor for the threads backend); records
+    what was measured and the `beat` each trial was given."""
     calls: list[WorkerSettings] = []
+    beats: list[float | None] = []
 
-    def measure(config: WorkerSettings) -> Trial:
+    def measure(config: WorkerSettings, beat: float | None) -> Trial:
         calls.append(config)
+        beats.append(beat)
         rate = rates[min(config.num_workers, max(rates))] * (per_thread or {}).get(config.cpu_threads or 0, 1.0)
         if config.prefetch_factor == 4:
             rate *= 1.01  # within noise: not worth the memory
+        if config.backend == "threads":
+            rate *= threads_backend
         return Trial(config, rate, 0.1)
+    measure.beats = beats  # type: ignore[attr-defined]
     return measure, calls
 
 
-@pytest.mark.parametrize(("rates", "cpus", "workers"), [
-    ({0: 100, 1: 180, 2: 250, 3: 255, 4: 256}, 8, 2),   # a third worker adds 2 %: stop, keep 2
-    ({0: 100, 1: 101}, 8, 0),                             # workers do not help: keep none
-    ({0: 100, 1: 200, 2: 300, 3: 400, 4: 500}, 4, 3),     # capped at cpus - 1 for a GPU
+def start(workers: int, *, cpus: int = 8, cuda: bool = False, cpu_training: bool = False) -> WorkerSettings:
+    """What make_loader's "auto" plan gives the search as its start."""
+    return WorkerSettings(workers, auto_prefetch(workers) if workers else None, cuda,
+                          max(1, cpus - workers) if cpu_training else None)
+
+
+@pytest.mark.parametrize(("rates", "first", "workers"), [
+    ({0: 100, 1: 180, 2: 250, 3: 255, 4: 256}, 1, 2),   # up from 1: a third worker adds 2 %: stop, keep 2
+    ({0: 100, 1: 101}, 1, 0),                            # workers do not help: keep none
+    ({0: 100, 1: 200, 2: 300, 3: 400, 4: 500}, 2, 4),    # up to the cap: cpus - 1 = 4 for a GPU
+    ({0: 100, 1: 240, 2: 248, 3: 250, 4: 250, 5: 251}, 4, 2),  # down from 4 by halving while within 3 %: 2
 ])
-def test_grows_workers_while_they_pay(rates: dict[int, float], cpus: int, workers: int) -> None:
+def test_workers_climb_from_the_start_while_they_pay(rates: dict[int, float], first: int, workers: int) -> None:
     measure, calls = fake_measure(rates)
-    trials = search(measure, cpus=cpus, cpu_training=False, cuda=True, budget_s=60)
+    trials = search(measure, start=start(first), cpus=5, cpu_training=False, cuda=False, budget_s=60)
     chosen = cheapest_within(trials)
     assert chosen.config.num_workers == workers
-    assert len(calls) <= cpus + 3  # never the full grid
-    assert calls[0] == WorkerSettings(0)  # the baseline comes first
+    assert calls[:2] == [start(first), WorkerSettings(0)]  # the auto plan, then the baseline
+    assert len(calls) <= 8  # never the full grid
+    assert max(c.num_workers for c in calls) <= 4
+
+
+def test_trials_after_the_start_race_against_the_best_so_far() -> None:
+    measure, _ = fake_measure({0: 100, 1: 180, 2: 250, 3: 255})
+    search(measure, start=start(1), cpus=8, cpu_training=False, cuda=False, budget_s=60)
+    beats = measure.beats  # type: ignore[attr-defined]
+    assert beats[0] is None  # the start is measured to precision
+    # the start (1 worker, 4 ahead) measured 180 x 1.01; the baseline races it, as do 2 workers; then 3 race 250
+    assert beats[1] == beats[2] == pytest.approx(0.97 * 180 * 1.01) and beats[3] == pytest.approx(0.97 * 250)
 
 
 def test_stops_when_the_loader_meets_the_compute_rate() -> None:
     measure, calls = fake_measure({0: 100, 1: 295, 2: 300, 3: 300})
-    search(measure, cpus=8, cpu_training=False, cuda=False, budget_s=60, compute_rate=300)
+    search(measure, start=start(1), cpus=8, cpu_training=False, cuda=False, budget_s=60, compute_rate=300)
     assert max(c.num_workers for c in calls) == 1
 
 
 def test_cpu_training_pairs_workers_with_threads_and_tries_the_other_split() -> None:
     measure, calls = fake_measure({0: 100, 1: 200, 2: 230}, per_thread={1: 1.0, 2: 1.2})
-    trials = search(measure, cpus=2, cpu_training=True, cuda=False, budget_s=60)
+    trials = search(measure, start=start(1, cpus=2, cpu_training=True), cpus=2, cpu_training=True, cuda=False,
+                    budget_s=60)
     # each worker count comes with the threads left beside it (2 CPUs: 1 thread), then the best gets one more
-    assert WorkerSettings(1, 2, False, 1) in calls and WorkerSettings(2, 2, False, 1) in calls
+    assert WorkerSettings(1, 4, False, 1) in calls and WorkerSettings(2, 2, False, 1) in calls
     assert WorkerSettings(2, 2, False, 2) in calls
     assert cheapest_within(trials).config == WorkerSettings(2, 2, False, 2)  # 276 beats 230 and 200
 
 
+@pytest.mark.parametrize(("factor", "backend"), [(1.02, "processes"), (1.10, "threads")])
+def test_the_threads_backend_is_tried_and_wins_only_when_clearly_faster(factor: float, backend: str) -> None:
+    measure, calls = fake_measure({0: 100, 1: 200, 2: 150}, threads_backend=factor)
+    trials = search(measure, start=start(1), cpus=4, cpu_training=False, cuda=False, budget_s=60)
+    assert WorkerSettings(1, 4, backend="threads") in calls
+    assert cheapest_within(trials).config.backend == backend
+    measure, calls = fake_measure({0: 100, 1: 200, 2: 150})
+    search(measure, start=start(1), cpus=4, cpu_training=False, cuda=False, budget_s=60, threads_backend=False)
+    assert all(c.backend == "processes" for c in calls)
+
+
+def test_the_other_prefetch_depth_is_tried() -> None:
+    measure, calls = fake_measure({0: 100, 1: 200, 2: 150})
+    search(measure, start=start(1), cpus=4, cpu_training=False, cuda=False, budget_s=60)
+    assert WorkerSettings(1, 2) in calls  # auto gives one worker 4 batches ahead; 2 is cheaper
+
+
 def test_pinned_memory_only_tried_for_cuda() -> None:
     measure, calls = fake_measure({0: 100, 1: 200, 2: 205})
-    search(measure, cpus=4, cpu_training=False, cuda=False, budget_s=60)
+    search(measure, start=start(1), cpus=4, cpu_training=False, cuda=False, budget_s=60)
     assert not any(c.pin_memory for c in calls)
     measure, calls = fake_measure({0: 100, 1: 200, 2: 205})
-    search(measure, cpus=4, cpu_training=False, cuda=True, budget_s=60)
+    search(measure, start=start(1, cuda=True), cpus=4, cpu_training=False, cuda=True, budget_s=60)
     assert any(c.pin_memory for c in calls)
 
 
 def test_budget_stops_the_search() -> None:
     measure, calls = fake_measure({0: 100, 1: 200, 2: 300, 3: 400})
-    search(measure, cpus=16, cpu_training=False, cuda=True, budget_s=0.0)
-    assert calls == [WorkerSettings(0)]  # only the baseline, which always runs
+    search(measure, start=start(3), cpus=16, cpu_training=False, cuda=True, budget_s=0.0)
+    assert calls == [start(3), WorkerSettings(0)]  # only the start and the baseline, which always run
 
 
 def test_cheapest_within_tolerance() -> None:
