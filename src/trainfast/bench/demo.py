@@ -16,6 +16,7 @@ from trainfast.bench.hardware import describe, hardware
 from trainfast.bench.naive import FloatNormalized, RunStats, naive_fit
 from trainfast.data.images import ImageFolder
 from trainfast.data.models import build_model
+from trainfast.data.splits import open_split
 from trainfast.data.synthetic import ensure_demo_dataset
 from trainfast.loader.make import make_loader
 from trainfast.loader.seeding import seed_all
@@ -48,9 +49,9 @@ def run_trainfast(spec: DemoSpec, root: Path, batches_per_epoch: int, *, decode:
     each practice earns."""
     seed_all(spec.seed)
     model = build_model(spec.model, num_classes=10, image_size=spec.image_size)
-    train = make_loader(ImageFolder(root / "train", image_size=spec.image_size, decode=decode), spec.batch_size,
+    train = make_loader(open_split(root, "train", image_size=spec.image_size, decode=decode), spec.batch_size,
                         seed=spec.seed)
-    val = make_loader(ImageFolder(root / "val", image_size=spec.image_size, train=False), spec.batch_size,
+    val = make_loader(open_split(root, "val", image_size=spec.image_size, train=False), spec.batch_size,
                       shuffle=False)
     config = TrainConfig(epochs=spec.epochs, lr=spec.lr, weight_decay=spec.weight_decay, warmup_steps=spec.warmup_steps,
                          grad_clip=spec.grad_clip, seed=spec.seed, limit_batches=batches_per_epoch, cpu_threads="auto",
@@ -62,10 +63,12 @@ def run_trainfast(spec: DemoSpec, root: Path, batches_per_epoch: int, *, decode:
 
 
 def run_naive(spec: DemoSpec, root: Path, batches_per_epoch: int) -> RunStats:
+    """The tutorials' loop (naive.py) over the same samples: a packed `root` too, then with a full decode of the
+    packed JPEGs, in the main process."""
     seed_all(spec.seed)
     model = build_model(spec.model, num_classes=10, image_size=spec.image_size)
-    train = FloatNormalized(ImageFolder(root / "train", image_size=spec.image_size, decode="full"))
-    val = FloatNormalized(ImageFolder(root / "val", image_size=spec.image_size, train=False, decode="full"))
+    train = FloatNormalized(open_split(root, "train", image_size=spec.image_size, decode="full"))
+    val = FloatNormalized(open_split(root, "val", image_size=spec.image_size, train=False, decode="full"))
     return naive_fit(model, train, val, epochs=spec.epochs, batches_per_epoch=batches_per_epoch,
                      batch_size=spec.batch_size, lr=spec.lr, weight_decay=spec.weight_decay,
                      warmup_steps=spec.warmup_steps, grad_clip=spec.grad_clip, seed=spec.seed,

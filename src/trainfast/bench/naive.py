@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from trainfast.data.images import ImageFolder
+from trainfast.data.splits import ImageData
 from trainfast.trainer.clock import StepClock
 from trainfast.trainer.optimizer import default_optimizer
 from trainfast.trainer.schedule import warmup_cosine
@@ -25,7 +25,7 @@ from trainfast.trainer.schedule import warmup_cosine
 class FloatNormalized(Dataset[tuple[torch.Tensor, int]]):
     """torchvision-style samples: float32 in [0, 1], normalised per sample with the folder's mean/std."""
 
-    def __init__(self, folder: ImageFolder) -> None:
+    def __init__(self, folder: ImageData) -> None:
         self.folder = folder
         self.mean = torch.tensor(folder.normalize.mean).view(3, 1, 1)
         self.std = torch.tensor(folder.normalize.std).view(3, 1, 1)

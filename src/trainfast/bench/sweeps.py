@@ -27,8 +27,9 @@ import torch
 from trainfast.bench.demo import FULL, QUICK, DemoSpec, run_naive, run_trainfast
 from trainfast.bench.hardware import hardware
 from trainfast.bench.peak import PeakMemory
-from trainfast.data.images import ImageFolder
 from trainfast.data.models import build_model
+from trainfast.data.packing import INDEX_NAME
+from trainfast.data.splits import data_format, has_split, open_split
 from trainfast.device import free_memory, resolve_device
 from trainfast.host import available_cpus
 from trainfast.loader.auto import threads_beside_workers
@@ -124,7 +125,7 @@ def measure_workers(root: Path, *, workers: Sequence[int], batch_size: int = 64,
                     progress: Progress | None = None) -> list[dict[str, Any]]:
     """One row per worker count: the reference ConvNet through make_loader + Trainer for `limit_batches`."""
     device = device or resolve_device("auto")
-    classes = len(ImageFolder(root / "train").classes)
+    classes = len(open_split(root, "train").classes)
     rows = []
     for n in workers:
         free_memory(device)
@@ -141,7 +142,7 @@ def _workers_row(root: Path, n: int, *, classes: int, batch_size: int, image_siz
                  seed: int, device: torch.device) -> dict[str, Any]:
     seed_all(seed)
     model = build_model("convnet", num_classes=classes, image_size=image_size)
-    loader = make_loader(ImageFolder(root / "train", image_size=image_size), batch_size, workers=n, seed=seed,
+    loader = make_loader(open_split(root, "train", image_size=image_size), batch_size, workers=n, seed=seed,
                          device=device)
     per_epoch = len(loader)
     precision = workers_precision(device)
@@ -253,17 +254,26 @@ def _describe_precision_row(row: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------------------------- (c) naive vs trainfast
 def measure_naive_vs_trainfast(spec: DemoSpec, root: Path, *, progress: Progress | None = None) -> dict[str, Any]:
-    """`trainfast demo`'s naive and trainfast runs on `root`; {"skipped": reason} where they cannot run."""
-    classes = len(ImageFolder(root / "train").classes)
+    """`trainfast demo`'s naive and trainfast runs on `root`; {"skipped": reason} where they cannot run.
+
+    Both runs read the same samples: an image folder's JPEG files, or the shards of a packed `root` (the naive run
+    then decodes the packed JPEGs in full, in the main process). `reads` says which, for each run."""
+    kind = data_format(root)
+    train = open_split(root, "train")
+    classes = len(train.classes)
     if classes > 10:
         return {"skipped": f"{classes} classes: the demo's runs build a 10-class model"}
-    if not (root / "val").is_dir():
-        return {"skipped": f"no {root / 'val'} folder: the demo's runs validate at the end of each epoch"}
-    batches = len(ImageFolder(root / "train")) // spec.batch_size
+    if not has_split(root, "val"):
+        missing = str(root / "val" / INDEX_NAME) if kind == "packed" else f"{root / 'val'} folder"
+        return {"skipped": f"no {missing}: the demo's runs validate at the end of each epoch"}
+    batches = len(train) // spec.batch_size
     if batches < 1:
         return {"skipped": f"fewer training images than one batch of {spec.batch_size}"}
+    reads = {"naive": {"format": kind, "decode": "full", "workers": 0},
+             "trainfast": {"format": kind, "decode": "draft", "workers": "auto"}}
     if progress is not None:
-        progress(f"naive vs trainfast: naive run ({spec.epochs} epochs x {batches} batches) ...")
+        data = ", both reading the packed shards" if kind == "packed" else ""
+        progress(f"naive vs trainfast: naive run ({spec.epochs} epochs x {batches} batches{data}) ...")
     naive = run_naive(spec, root, batches)
     if progress is not None:
         progress(f"naive vs trainfast: naive {naive.samples_per_s:,.0f} samples/s; trainfast run ...")
@@ -272,7 +282,7 @@ def measure_naive_vs_trainfast(spec: DemoSpec, root: Path, *, progress: Progress
     if progress is not None:
         progress(f"naive vs trainfast: trainfast {fast.samples_per_s:,.0f} samples/s"
                  + (f", {speedup:.2f}x" if speedup else ""))
-    return {"naive": naive.to_json(), "trainfast": fast.to_json(), "speedup": speedup,
+    return {"naive": naive.to_json(), "trainfast": fast.to_json(), "speedup": speedup, "reads": reads,
             "spec": {"epochs": spec.epochs, "batches_per_epoch": batches, "batch_size": spec.batch_size,
                      "image_size": spec.image_size, "model": spec.model}}
 
@@ -280,7 +290,8 @@ def measure_naive_vs_trainfast(spec: DemoSpec, root: Path, *, progress: Progress
 # ---------------------------------------------------------------------------------------------- all three
 def run_bench(spec: BenchSpec, root: Path, *, progress: Progress | None = None, command: str | None = None,
               device: torch.device | None = None) -> dict[str, Any]:
-    """All three measurements on `root` (<root>/train/<class>/<image>, val/ optional); the JSON report."""
+    """All three measurements on `root` (<root>/train/<class>/<image>, val/ optional, or a folder written by
+    `trainfast pack`: `data_format` says which); the JSON report."""
     device = device or resolve_device("auto")
     started = time.perf_counter()
     cpus = available_cpus()
@@ -297,7 +308,7 @@ def run_bench(spec: BenchSpec, root: Path, *, progress: Progress | None = None, 
     best = max(timed, key=lambda r: r["samples_per_s"]) if timed else None
     return {
         "workers": rows, "precision": precision, "naive_vs_trainfast": versus, "hardware": hardware(),
-        "device": str(device), "dataset": str(root), "command": command,
+        "device": str(device), "dataset": str(root), "data_format": data_format(root), "command": command,
         "settings": {"image_size": spec.image_size, "batch_size": spec.batch_size,
                      "worker_batches": spec.worker_batches, "precision_steps": spec.precision_steps,
                      "batch_sizes": batch_sizes, "usable_cpus": cpus, "warmup_steps_excluded": WARMUP_STEPS,

@@ -78,6 +78,9 @@ def workers_cells(report: dict[str, Any]) -> Cells:
     else:
         notes.append("threads: torch's intra-op threads; GPU util: NVML's busy share of the busiest GPU while "
                      "training")
+    if report.get("data_format") == "packed":
+        notes.append(f"data: {report.get('dataset', '')}/train, packed by 'trainfast pack' (JPEG shards, read "
+                     "through memory maps)")
     failed = [r for r in rows if r.get("error")]
     notes += [f"num_workers={r['num_workers']}: {r['error']}" for r in failed]
     batch = settings.get("batch_size", 64)
@@ -133,7 +136,15 @@ def versus_line(report: dict[str, Any]) -> str:
     runs = f" ({epochs} x {spec['batches_per_epoch']} batches, same model and data)" if spec else ""
     return (f"naive vs trainfast{runs}: naive {naive['samples_per_s']:,.0f} samples/s "
             f"({naive['data_wait_fraction']:.0%} data wait) -> trainfast {fast['samples_per_s']:,.0f} samples/s "
-            f"({fast['data_wait_fraction']:.0%} data wait): {speedup}")
+            f"({fast['data_wait_fraction']:.0%} data wait): {speedup}{_reads(v.get('reads'))}")
+
+
+def _reads(reads: dict[str, Any] | None) -> str:
+    """What both runs read, where the report says (reports before `reads` existed say nothing)."""
+    if not reads or reads.get("naive", {}).get("format") != "packed":
+        return ""
+    return ("; both read the packed shards ('trainfast pack'), the naive run decoding them in full in the main "
+            "process")
 
 
 def rich_table(cells: Cells) -> Table:

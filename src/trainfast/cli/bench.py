@@ -14,7 +14,8 @@ from trainfast.atomic import write_json, write_text
 from trainfast.bench.sweeps import FULL_BENCH, QUICK_BENCH, run_bench, worker_counts
 from trainfast.bench.tables import render, to_markdown
 from trainfast.cli.flags import check_data_root
-from trainfast.data.images import ImageFolder
+from trainfast.data.packed import PackedImages
+from trainfast.data.splits import ImageData, describe_packed, open_split
 from trainfast.data.synthetic import ensure_demo_dataset
 from trainfast.host import available_cpus
 
@@ -22,6 +23,7 @@ EXAMPLES = """examples:
   trainfast bench --quick                                   # about 1-2 minutes on 2 CPU cores
   trainfast bench --json bench.json --markdown bench.md --plot bench.png
   trainfast bench --data ~/data/pets --quick --plot pets.png   # your own <root>/train/<class>/<image>
+  trainfast bench --data ~/data/pets-packed --quick            # a folder written by 'trainfast pack'
 
 Three measurements, each row printed as it finishes:
   workers    the reference ConvNet (64 px, batch 64; fp32 on the CPU, precision 'auto' on CUDA) trained by
@@ -29,7 +31,8 @@ Three measurements, each row printed as it finishes:
              samples/s, data wait and device utilisation (GPU util on CUDA, mean CPU % otherwise)
   precision  fp32 vs mixed precision (bf16-mixed; 16-mixed on pre-Ampere GPUs) at batch 64, 128, 256 on
              in-memory synthetic images (compute only): peak memory, samples/s; out-of-memory rows say OOM
-  naive vs trainfast   'trainfast demo's two runs on the same data (needs val/ and at most 10 classes)
+  naive vs trainfast   'trainfast demo's two runs on the same data (needs val/ and at most 10 classes); on a
+             'trainfast pack' output both read the shards, the naive run decoding in full in the main process
 
 --plot needs matplotlib (pip install trainfast[plot]). The demo dataset is generated on first use under
 $TRAINFAST_CACHE (default ~/.cache/trainfast). A corrupt image stops the bench naming the file (a benchmark
@@ -47,7 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--quick", action="store_true",
                    help="the small demo dataset and fewer steps per row (under 3 minutes on 2 cores)")
     p.add_argument("--data", type=Path, default=None, metavar="DIR",
-                   help="image folder with train/<class>/<image> (val/ optional); default: the demo dataset")
+                   help="image folder with train/<class>/<image> (val/ optional), or a 'trainfast pack' output; "
+                        "default: the demo dataset")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the report as JSON")
     p.add_argument("--plot", type=Path, default=None, metavar="PATH", help="write a PNG of the report (matplotlib)")
     p.add_argument("--markdown", type=Path, default=None, metavar="PATH",
@@ -70,7 +74,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     console = Console()
     if args.data is not None:
         root = args.data.expanduser()
-        _check_data(root, parser)
+        train = _check_data(root, parser)
+        if isinstance(train, PackedImages):
+            console.print(f"data: {root}, packed by 'trainfast pack': {describe_packed(train)}; the workers rows "
+                          "and both naive vs trainfast runs read the packed shards (the naive run decodes them in "
+                          "full, in the main process)", markup=False, highlight=False, soft_wrap=True)
     else:
         started = time.perf_counter()
         try:
@@ -105,9 +113,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
-def _check_data(root: Path, parser: argparse.ArgumentParser) -> None:
+def _check_data(root: Path, parser: argparse.ArgumentParser) -> ImageData:
+    """ROOT's training set (an image folder or a 'trainfast pack' output), or exit 2 naming what is wrong."""
     check_data_root(root, parser)
     try:
-        ImageFolder(root / "train")
+        return open_split(root, "train")
     except (FileNotFoundError, ValueError) as e:
         parser.error(f"--data {str(root)!r}: {e}")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trainfast.data.images import OnBadSample
+from trainfast.data.splits import ImageData, has_split, open_split
 
 # `--on-bad-sample` -> ImageFolder(on_bad_sample=...)
 ON_BAD_SAMPLE: dict[str, OnBadSample] = {"error": "raise", "skip": "skip"}
@@ -130,3 +131,20 @@ def check_data_root(root: Path, parser: argparse.ArgumentParser) -> None:
     if not (root / "train").is_dir():
         parser.error(f"--data {str(root)!r} has no 'train' folder; expected {root}/train/<class>/<image> "
                      f"and optionally {root}/val/<class>/<image>")
+
+
+def open_data(root: Path, parser: argparse.ArgumentParser, *, image_size: int, on_bad_sample: str = "error",
+              val: bool = True) -> tuple[ImageData, ImageData | None]:
+    """`--data ROOT`'s training set and validation set (None without ROOT/val, or with `val=False`): `PackedImages`
+    for a folder written by `trainfast pack` (ROOT/train/index.json), else `ImageFolder` (with `--on-bad-sample`;
+    packed data has nothing to skip, `pack` left the corrupt images out). Exits 2 naming what is wrong: ROOT or
+    ROOT/train missing, no images, an index `pack` must write again."""
+    check_data_root(root, parser)
+    bad = ON_BAD_SAMPLE[on_bad_sample]
+    try:
+        train_set = open_split(root, "train", image_size=image_size, on_bad_sample=bad)
+        val_set = (open_split(root, "val", image_size=image_size, train=False, on_bad_sample=bad)
+                   if val and has_split(root, "val") else None)
+    except (FileNotFoundError, ValueError) as e:
+        parser.error(str(e))
+    return train_set, val_set

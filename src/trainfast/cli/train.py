@@ -10,18 +10,14 @@ from pathlib import Path
 
 from trainfast.atomic import write_json
 from trainfast.cli.flags import (
-    ON_BAD_SAMPLE,
     add_config_flags,
     add_on_bad_sample_flag,
-    check_data_root,
     config_values,
+    open_data,
     positive_int,
     workers_arg,
 )
-from trainfast.data.images import ImageFolder
 from trainfast.data.models import MODELS, build_model
-from trainfast.data.packed import PackedImages
-from trainfast.data.packing import INDEX_NAME
 from trainfast.data.synthetic import SIZES, ensure_demo_dataset
 from trainfast.loader.make import make_loader
 from trainfast.loader.seeding import seed_all
@@ -77,22 +73,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.resume and not config.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir DIR (where last.pt is kept)")
     root = args.data.expanduser() if args.data else ensure_demo_dataset(args.demo_size)
-    check_data_root(root, parser)
-    on_bad_sample = ON_BAD_SAMPLE[args.on_bad_sample]
-    train_set: ImageFolder | PackedImages
-    val_set: ImageFolder | PackedImages | None
-    try:
-        if (root / "train" / INDEX_NAME).is_file():  # written by `trainfast pack`: corrupt images already left out
-            train_set = PackedImages(root / "train", image_size=args.image_size)
-            has_val = (root / "val" / INDEX_NAME).is_file()
-            val_set = PackedImages(root / "val", image_size=args.image_size, train=False) if has_val else None
-        else:
-            train_set = ImageFolder(root / "train", image_size=args.image_size, on_bad_sample=on_bad_sample)
-            has_val = (root / "val").is_dir()
-            val_set = (ImageFolder(root / "val", image_size=args.image_size, train=False,
-                                   on_bad_sample=on_bad_sample) if has_val else None)
-    except (FileNotFoundError, ValueError) as e:
-        parser.error(str(e))
+    train_set, val_set = open_data(root, parser, image_size=args.image_size, on_bad_sample=args.on_bad_sample)
     if val_set is None:
         log.warning("no %s/val folder: training without validation (and without best.pt)", root)
     seed = 0 if config.seed is None else config.seed

@@ -142,6 +142,9 @@ def test_run_bench_writes_the_json_contract(tiny_images: Path) -> None:
     assert set(versus) >= {"naive", "trainfast", "speedup"}
     assert versus["speedup"] == pytest.approx(versus["trainfast"]["samples_per_s"] / versus["naive"]["samples_per_s"])
     assert versus["naive"]["steps"] == versus["trainfast"]["steps"] == 80 // 16
+    assert report["data_format"] == "image_folder"  # both runs read the folder's JPEG files
+    assert versus["reads"] == {"naive": {"format": "image_folder", "decode": "full", "workers": 0},
+                               "trainfast": {"format": "image_folder", "decode": "draft", "workers": "auto"}}
     assert set(report["hardware"]) >= {"cpu", "cpus", "memory_bytes", "gpus", "torch"}
     assert report["command"] == "trainfast bench --data x" and report["settings"]["batch_sizes"] == [16, 32]
     json.dumps(report, allow_nan=False)  # strict JSON: no NaN, nothing unserialisable

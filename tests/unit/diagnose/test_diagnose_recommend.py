@@ -102,6 +102,14 @@ def test_each_rule_fires_on_its_evidence(overrides: dict[str, Any], expected: st
         assert absent not in found
 
 
+def test_decode_size_also_points_to_trainfast_pack() -> None:
+    rec = next(r for r in recommend(evidence(loaders=(loader(decode="full"),), fractions=INPUT_BOUND))
+               if r.id == "decode_size")
+    assert "img.draft('RGB', (w, h))" in rec.fix  # the in-script fix first
+    assert "trainfast pack SRC DST --image-size N, then trainfast train --data DST" in rec.fix
+    assert "pre-sized" in rec.why and "one file opened per shard" in rec.why
+
+
 @pytest.mark.parametrize("overrides", [
     {"device": "cpu"},                                   # no AMP advice on a CPU without native bf16
     {"device": "cpu", "bf16_supported": True, "autocast": (("cpu", "bfloat16"),)},  # already autocast
