@@ -30,7 +30,6 @@ import io
 import logging
 import math
 import os
-import random
 import statistics
 import time
 from pathlib import Path
@@ -38,9 +37,11 @@ from typing import Any, BinaryIO, Literal
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image
 
 from trainfast.loader.prefetch import Normalize
+from trainfast.loader.seeding import batch_rngs
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 OnBadSample = Literal["raise", "skip"]
@@ -76,7 +77,8 @@ class ImageFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     """`root/<class>/<image>` files as `(uint8 CHW tensor, class index)` pairs.
 
     `train=True`: random-resized crop (area fraction `crop_scale`, aspect 3/4-4/3) and horizontal
-    flip, drawn from Python's `random` (the loader seeds it per batch). `train=False`: resize the
+    flip, drawn from `batch_rngs().random` (Python's `random`, seeded per batch by the loader; a loader thread's own
+    generator with backend="threads", so batches are identical with every backend). `train=False`: resize the
     short side to `image_size / center_fraction`, then a centre crop. `decode="full"` decodes every
     image at its stored size (the reference behaviour, for comparisons).
 
@@ -213,10 +215,10 @@ def decode_image(source: str | BinaryIO, name: str, *, image_size: int, train: b
                  crop_scale: tuple[float, float] = (0.35, 1.0), center_fraction: float = 0.875) -> torch.Tensor:
     """One image file (a path or an open binary file) as a uint8 CHW `image_size` x `image_size` tensor: the
     decode, crop, flip and conversion `ImageFolder` and `PackedImages` share (train: random-resized crop and flip
-    drawn from Python's `random`; eval: centre crop). A file that cannot be decoded raises `CorruptImageError`
+    drawn from `batch_rngs().random`; eval: centre crop). A file that cannot be decoded raises `CorruptImageError`
     naming `name`; running out of open files or memory propagates as it is."""
     box: Box | None = None
-    img: Image.Image | None = None
+    img: torch.Tensor | None = None
     try:
         if decode == "draft" and jpeg_backend(image_size) == "simplejpeg":
             if isinstance(source, str):
@@ -236,8 +238,7 @@ def decode_image(source: str | BinaryIO, name: str, *, image_size: int, train: b
         raise CorruptImageError(f"cannot decode image {name!r}: {e}") from e
     except (SyntaxError, ValueError, Image.DecompressionBombError) as e:
         raise CorruptImageError(f"cannot decode image {name!r}: {e}") from e
-    arr = np.array(img, dtype=np.uint8)  # a writable copy: torch refuses read-only buffers
-    return torch.from_numpy(arr).permute(2, 0, 1)
+    return img
 
 
 Box = tuple[float, float, float, float, bool]  # crop x, y, width, height in the stored image; flip
@@ -247,7 +248,7 @@ def _crop_box(w: int, h: int, s: int, train: bool, crop_scale: tuple[float, floa
               center_fraction: float) -> Box:
     if train:
         x0, y0, cw, ch = _random_crop(w, h, crop_scale)
-        return x0, y0, cw, ch, random.random() < 0.5
+        return x0, y0, cw, ch, batch_rngs().random.random() < 0.5
     side = min(w, h) * center_fraction  # resize the short side to s / fraction, then centre crop s x s
     return (w - side) / 2, (h - side) / 2, side, side, False
 
@@ -258,27 +259,51 @@ def _draft_size(w: int, h: int, s: int, cw: float, ch: float) -> tuple[int, int]
 
 
 def _crop_resize(im: Image.Image, s: int, train: bool, decode: str, crop_scale: tuple[float, float],
-                 center_fraction: float, box: Box | None = None) -> Image.Image:
+                 center_fraction: float, box: Box | None = None) -> torch.Tensor:
     w, h = im.size
     x0, y0, cw, ch, flip = box or _crop_box(w, h, s, train, crop_scale, center_fraction)
-    if decode == "draft" and im.format == "JPEG":
+    if decode != "draft":  # the reference: Pillow's resize, as torchvision's PIL transforms do it
+        return _finish_pillow(im, s, w, h, (x0, y0, cw, ch, flip))
+    if im.format == "JPEG":
         im.draft("RGB", _draft_size(w, h, s, cw, ch))  # the largest DCT scale (1/8 to 1) that still covers it
     return _finish(im, s, w, h, (x0, y0, cw, ch, flip))
 
 
-def _finish(im: Image.Image, s: int, w: int, h: int, box: Box) -> Image.Image:
-    """Crop `box` (in the stored w x h image's pixels) of `im`, maybe decoded smaller, to s x s; flip; RGB."""
+def _finish_pillow(im: Image.Image, s: int, w: int, h: int, box: Box) -> torch.Tensor:
+    """Crop `box` (in the stored w x h image's pixels) of `im` to s x s with Pillow's resize; flip; uint8 CHW."""
     x0, y0, cw, ch, flip = box
     fx, fy = im.size[0] / w, im.size[1] / h
     x0, y0, cw, ch = x0 * fx, y0 * fy, cw * fx, ch * fy
     if im.mode != "RGB":
         im = im.convert("RGB")
     out = im.resize((s, s), Image.Resampling.BILINEAR, box=(x0, y0, x0 + cw, y0 + ch))
-    return out.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flip else out
+    if flip:
+        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return torch.from_numpy(np.array(out, dtype=np.uint8)).permute(2, 0, 1)  # a writable copy: torch needs one
+
+
+def _finish(im: Image.Image | np.ndarray, s: int, w: int, h: int, box: Box) -> torch.Tensor:
+    """Crop `box` (in the stored w x h image's pixels) of `im` (maybe decoded smaller; an HWC uint8 array or a
+    Pillow image) to s x s; flip; uint8 CHW. The crop is rounded to whole pixels and resized by torch's uint8
+    bilinear (antialiased) kernel: the same filter as Pillow's resize (pixels within 1 of it on average 0.03),
+    3x as fast here (224 px: 0.23 vs 0.72 ms), and the resize is most of the sample's time once the decode is
+    scaled down."""
+    if isinstance(im, Image.Image):
+        im = np.asarray(im if im.mode == "RGB" else im.convert("RGB"))
+    x0, y0, cw, ch, flip = box
+    fx, fy = im.shape[1] / w, im.shape[0] / h
+    left, top = min(round(x0 * fx), im.shape[1] - 1), min(round(y0 * fy), im.shape[0] - 1)
+    right, bottom = max(round((x0 + cw) * fx), left + 1), max(round((y0 + ch) * fy), top + 1)
+    region = im[top:bottom, left:right]
+    if not (region.flags.writeable and region.flags.c_contiguous):  # torch wants a writable buffer, the fast
+        region = region.copy()                                         # kernel a contiguous channels-last one
+    crop = torch.from_numpy(region).permute(2, 0, 1)[None]
+    out = F.interpolate(crop, size=(s, s), mode="bilinear", antialias=True, align_corners=False)[0]
+    return out.flip(-1) if flip else out
 
 
 def _simplejpeg_crop_resize(data: bytes, s: int, train: bool, crop_scale: tuple[float, float],
-                            center_fraction: float) -> tuple[Image.Image | None, Box | None]:
+                            center_fraction: float) -> tuple[torch.Tensor | None, Box | None]:
     """`_crop_resize` with decode="draft" by simplejpeg: the same random draws, DCT scale, crop and flip. Returns
     (None, box or None) for data simplejpeg refuses (corrupt, or CMYK), so Pillow decodes it, or raises, with the
     same box (the random draws are not repeated)."""
@@ -288,6 +313,8 @@ def _simplejpeg_crop_resize(data: bytes, s: int, train: bool, crop_scale: tuple[
         return None, None  # before any random draw: Pillow starts afresh
     if colorspace not in ("YCbCr", "Gray", "RGB"):  # CMYK / YCCK: Pillow's conversion
         return None, None
+    if Image.MAX_IMAGE_PIXELS and w * h > Image.MAX_IMAGE_PIXELS:  # Pillow's decompression-bomb warning or error
+        return None, None
     box = _crop_box(w, h, s, train, crop_scale, center_fraction)
     dw, dh = _draft_size(w, h, s, box[2], box[3])
     # Pillow's draft picks 1/k, k in 8, 4, 2, 1; simplejpeg would also take k/8 scales, so ask for what draft decodes
@@ -296,7 +323,7 @@ def _simplejpeg_crop_resize(data: bytes, s: int, train: bool, crop_scale: tuple[
         arr = _simplejpeg.decode_jpeg(data, "rgb", min_width=-(-w // k), min_height=-(-h // k))
     except ValueError:
         return None, box
-    return _finish(Image.fromarray(arr), s, w, h, box), box
+    return _finish(arr, s, w, h, box), box
 
 
 def jpeg_backend(image_size: int = 224) -> str:
@@ -371,12 +398,12 @@ def _shared_counters(slots: int) -> torch.Tensor:
 
 def _random_crop(w: int, h: int, scale: tuple[float, float]) -> tuple[float, float, float, float]:
     """Random-resized-crop box (x, y, width, height): area fraction in `scale`, aspect in [3/4, 4/3]."""
-    area = w * h
+    area, rng = w * h, batch_rngs().random
     for _ in range(10):
-        target = area * random.uniform(*scale)
-        aspect = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
+        target = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
         cw, ch = math.sqrt(target * aspect), math.sqrt(target / aspect)
         if cw <= w and ch <= h:
-            return random.uniform(0, w - cw), random.uniform(0, h - ch), cw, ch
+            return rng.uniform(0, w - cw), rng.uniform(0, h - ch), cw, ch
     side = min(w, h)  # fallback as torchvision: the largest centred square
     return (w - side) / 2, (h - side) / 2, side, side

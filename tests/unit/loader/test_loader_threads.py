@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -82,7 +83,54 @@ def test_same_batches_as_processes_and_no_workers(shuffle: bool) -> None:
     reference = epochs(make_loader(Seeded(), 4, workers=0, **kw))
     assert_same(epochs(threads), reference)
     assert_same(epochs(make_loader(Seeded(), 4, workers=2, persistent_workers=False, **kw)), reference)
-    assert_same(epochs(make_loader(Seeded(), 4, workers=3, prefetch_factor=1, backend="threads", **kw)), reference)
+    one_ahead = make_loader(Seeded(), 4, workers=3, prefetch_factor=1, backend="threads", **kw)
+    assert_same(epochs(one_ahead), reference)
+    threads.close()
+    one_ahead.close()  # the threads were making the third epoch's first batches
+    assert not loader_threads()
+
+
+def test_the_next_epoch_s_first_batches_are_made_during_this_one_s_last() -> None:
+    kw: dict[str, Any] = {"device": "cpu", "seed": 3, "workers": 2, "prefetch_factor": 2}
+    ds = Concurrency(32)  # 8 batches of 4 an epoch
+    loader = make_loader(ds, 4, backend="threads", **kw)
+    first = list(loader)
+    deadline = time.monotonic() + 5
+    while ds.calls < 32 + 4 * 4 and time.monotonic() < deadline:  # 4 batches of the next epoch in flight
+        time.sleep(0.01)
+    assert ds.calls == 32 + 4 * 4 and loader_threads()
+    second = list(loader)  # taken over, not made again: 4 more batches, then the third epoch's 4 ahead
+    reference = epochs(make_loader(Seeded(32), 4, **kw), 2)
+    assert_same([first, second], reference)
+    loader.set_epoch(7)  # not the epoch made ahead: it is dropped and epoch 7 made afresh
+    assert_same([list(loader)], [epochs(make_loader(Seeded(32), 4, **kw), 8)[7]])
+    loader.start_at(3)  # a resume point: the same
+    assert_same([list(loader)], [epochs(make_loader(Seeded(32), 4, **kw), 9)[8][3:]])
+    loader.close()
+    assert not loader_threads()
+    dropped = make_loader(Seeded(32), 4, backend="threads", **kw)
+    list(dropped)
+    del dropped  # never closed: collecting the loader stops the threads waiting between epochs
+    deadline = time.monotonic() + 5
+    while loader_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not loader_threads()
+
+
+def test_image_folder_crops_and_flips_are_the_same_with_every_backend(tiny_images: Path) -> None:
+    from trainfast.data.images import ImageFolder
+
+    dataset = ImageFolder(tiny_images / "train", image_size=32)
+    kw: dict[str, Any] = {"device": "cpu", "seed": 7}
+
+    def images(loader: Any) -> list[list[torch.Tensor]]:
+        return [[inputs for inputs, _ in loader]]
+
+    reference = images(make_loader(dataset, 8, workers=0, **kw))
+    threads = make_loader(dataset, 8, workers=2, backend="threads", **kw)
+    assert_same(images(threads), reference)
+    assert_same(images(make_loader(dataset, 8, workers=1, persistent_workers=False, **kw)), reference)
+    threads.close()
     assert not loader_threads()
 
 
