@@ -190,15 +190,17 @@ def _shard_number(name: str) -> int | None:
     return int(stem) if stem.isdigit() else None
 
 
-def _files_digest(classes: Sequence[str], files: Sequence[tuple[str, int]]) -> str:
-    h = hashlib.sha256(json.dumps([list(classes), list(files)]).encode())
+def _files_digest(src: Path, classes: Sequence[str], files: Sequence[tuple[str, int]]) -> str:
+    """The source's file list, labels and file sizes: another folder with the same names is another source."""
+    sizes = [(src / rel).stat().st_size for rel, _ in files]
+    h = hashlib.sha256(json.dumps([list(classes), list(files), sizes]).encode())
     return h.hexdigest()
 
 
 def _plan(src: Path, dst: Path, classes: list[str], files: list[tuple[str, int]], settings: dict[str, int]) -> int:
     """Source files per shard: from `.pack-plan.json` when it matches this source and these settings, else
     estimated (and written there) from the mean encoded size of a few evenly spaced images."""
-    digest = _files_digest(classes, files)
+    digest = _files_digest(src, classes, files)
     plan_path = dst / PLAN_NAME
     if plan_path.exists():
         plan = json.loads(plan_path.read_text())

@@ -143,6 +143,15 @@ def test_a_rerun_keeps_finished_shards_and_rewrites_a_missing_one_identically(fo
         pack(folder, dst, max_size=20, shard_bytes=4000, workers=1, progress=False)
 
 
+def test_another_source_with_the_same_file_names_is_not_taken_for_this_one(folder: Path, tmp_path: Path) -> None:
+    dst = packed(folder, tmp_path / "dst")
+    other = make_folder(tmp_path / "other")
+    path = other / "cat" / "00.jpg"
+    Image.open(path).convert("RGB").resize((48, 40)).save(path, quality=70)  # same name, other content and size
+    with pytest.raises(FileExistsError, match="another file list"):
+        pack(other, dst, max_size=24, shard_bytes=4000, workers=1, progress=False)
+
+
 def test_a_root_with_train_and_val_packs_both_splits(tmp_path: Path) -> None:
     make_folder(tmp_path / "src" / "train", per_class=6)
     make_folder(tmp_path / "src" / "val", per_class=3)
