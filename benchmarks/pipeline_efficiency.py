@@ -5,11 +5,15 @@ workload (64 px JPEGs, batch 64, the reference ConvNet):
   - compute-only: the training step of a fresh model replayed over 8 cached batches (no loading at all; one
     batch replayed alone overfits, and the vanishing gradients run into slow denormal arithmetic on CPUs);
   - loader-only: the loader iterated with no step;
-  - trained: `Trainer.fit` fed by `make_loader(..., workers="tuned")` — the product's own path.
+  - trained: `Trainer.fit` fed by `make_loader(..., workers="tuned")` — the product's own path, with precision and
+    channels_last pinned to the compute-only step's (the "auto" priors), so that all three run the same step.
 efficiency = trained / min(compute-only, loader-only). 1.0 means loading is entirely hidden behind compute
-(or the reverse) and the Trainer adds nothing. Rounds interleaved, `--repeats` times.
+(or the reverse) and the Trainer adds nothing. Rounds interleaved, `--repeats` times. The loader runs with the
+tuned backend (worker processes or loader threads, whichever the tuning chose); `--backend` overrides it to
+compare the two at the tuned worker count, `--retune` tunes again instead of reading the cached result.
 
     python benchmarks/pipeline_efficiency.py --json pipeline_efficiency.json
+    python benchmarks/pipeline_efficiency.py --backend threads --repeats 3
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import logging
 import statistics
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -29,8 +34,10 @@ from trainfast.data.images import ImageFolder
 from trainfast.data.models import build_model
 from trainfast.data.synthetic import ensure_demo_dataset
 from trainfast.loader.make import make_loader
+from trainfast.precision.policy import device_caps, resolve_precision
 from trainfast.trainer.config import TrainConfig
 from trainfast.trainer.loop import Trainer
+from trainfast.trainer.practices import resolve_channels_last
 from trainfast.trainer.settings import torch_settings
 from trainfast.tune.result import load
 from trainfast.tune.step import training_step
@@ -42,6 +49,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--backend", choices=("tuned", "processes", "threads"), default="tuned",
+                        help="the loader's workers: the tuning's choice, or processes / threads at its worker count")
+    parser.add_argument("--retune", action="store_true", help="tune again even if a result is cached")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     logging.getLogger("trainfast").setLevel(logging.WARNING)
@@ -50,8 +60,12 @@ def main() -> None:
     dataset = ImageFolder(root / "train", image_size=64)
     step = training_step(build_model("convnet", num_classes=10, image_size=64), normalize=dataset.normalize,
                          device=device)
-    tuned = load(dataset, 64, device=device.type) or tune_loader(dataset, 64, step, device=device.type)
+    tuned = (None if args.retune else load(dataset, 64, device=device.type)) or tune_loader(
+        dataset, 64, step, device=device.type)
     config: WorkerSettings = tuned.chosen
+    precision = resolve_precision("auto", device_caps(device)).name
+    if args.backend != "tuned":
+        config = replace(config, backend=args.backend)
     cached = [batch for _, batch in zip(range(8), make_loader(dataset, 64, workers=0), strict=False)]
 
     def compute_only() -> float:
@@ -75,8 +89,17 @@ def main() -> None:
     def trained() -> float:
         torch.manual_seed(0)
         model = build_model("convnet", num_classes=10, image_size=64)
-        loader = make_loader(dataset, 64, workers="tuned", device=device.type)
-        cfg = TrainConfig(epochs=2, limit_batches=args.batches // 2 + 2, cpu_threads="auto", progress=False,
+        loader = (make_loader(dataset, 64, workers="tuned", device=device.type) if args.backend == "tuned" else
+                  make_loader(dataset, 64, workers=config.num_workers, prefetch_factor=config.prefetch_factor or "auto",
+                              pin_memory=config.pin_memory, device=device.type, backend=args.backend))
+        assert loader.plan is not None and loader.plan.backend == (config.backend if config.num_workers else
+                                                                   "processes")
+        threads = config.cpu_threads if args.backend != "tuned" and config.cpu_threads else "auto"  # tuned: the plan's
+        # precision and channels_last pinned to what the compute-only step runs ("auto"'s priors): the Trainer's
+        # A/Bs of the other settings are a cost of their own (BENCHMARKS.md), not the pipeline's
+        cfg = TrainConfig(epochs=2, limit_batches=args.batches // 2 + 2, cpu_threads=threads, progress=False,
+                          precision=precision,
+                          channels_last=resolve_channels_last("auto", model, device, precision != "32-true"),
                           device=device.type)
         return Trainer(model, config=cfg).fit(loader).samples_per_s
 
@@ -87,7 +110,7 @@ def main() -> None:
                                                        strict=True)]
     efficiency = Spread.of(per_round)
     report: dict[str, Any] = {"efficiency": efficiency.median, "efficiency_spread": efficiency.to_json(),
-                              "goal": 0.97, "config": config.to_json(),
+                              "goal": 0.97, "config": config.to_json(), "backend_source": args.backend,
                               "samples_per_s": medians, "repeats": args.repeats, "hardware": hardware()}
     print(describe(report["hardware"]))
     print(f"configuration   {config.label()}")
