@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trainfast.data.images import OnBadSample
+from trainfast.data.packing import INDEX_NAME
 from trainfast.data.splits import ImageData, has_split, open_split
 
 # `--on-bad-sample` -> ImageFolder(on_bad_sample=...)
@@ -128,6 +129,10 @@ def check_data_root(root: Path, parser: argparse.ArgumentParser) -> None:
     """`--data ROOT` must hold ROOT/train/<class>/<image>: exit 2 naming what is missing otherwise."""
     if not root.is_dir():
         parser.error(f"--data {str(root)!r} does not exist; give a folder holding train/<class>/<image>")
+    if (root / INDEX_NAME).is_file() and not (root / "train").is_dir():  # `pack` of a folder without splits
+        parser.error(f"--data {str(root)!r} is one packed split (its {INDEX_NAME} is at the top); --data takes a "
+                     f"folder holding it as train/: move it to a new folder's train/ (and a packed val/ beside "
+                     "it), or pack a source laid out as SRC/train/<class>/<image>")
     if not (root / "train").is_dir():
         parser.error(f"--data {str(root)!r} has no 'train' folder; expected {root}/train/<class>/<image> "
                      f"and optionally {root}/val/<class>/<image>")

@@ -67,6 +67,7 @@ def test_a_packed_folder_without_val_has_no_val_set(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("layout", "message"), [
     ("missing", "does not exist"),
     ("no-train", "has no 'train' folder"),
+    ("one-split", "is one packed split"),
     ("old-index", "format version 0"),
     ("empty-index", "lists no images"),
 ])
@@ -77,7 +78,10 @@ def test_bad_data_exits_2_naming_the_path(packed: Path, capsys: pytest.CaptureFi
     if layout == "missing":
         root = packed / "nothing"
     elif layout == "no-train":
-        root = packed / "val"
+        root = packed.parent / "plain"
+        root.mkdir()
+    elif layout == "one-split":
+        root = packed / "val"  # what `pack` writes for a source without train/ and val/
     else:
         data = json.loads(index.read_text())
         data.update({"version": 0} if layout == "old-index" else {"key": []})
