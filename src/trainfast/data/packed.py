@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import mmap
 import os
 from pathlib import Path
@@ -20,6 +21,8 @@ import torch
 from trainfast.data.images import CorruptImageError, decode_image, image_sample_bytes
 from trainfast.data.packing import INDEX_NAME, INDEX_VERSION, SHARD_PATTERN
 from trainfast.loader.prefetch import Normalize
+
+log = logging.getLogger("trainfast")
 
 
 class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
@@ -64,6 +67,11 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         self._shard_ends = {int(n): int(ends[self._shards == n].max()) for n in np.unique(self._shards)}
         self.image_size, self.train, self.decode = image_size, train, decode
         self.crop_scale, self.center_fraction = crop_scale, center_fraction
+        packed_at = self.settings.get("max_size")
+        if isinstance(packed_at, int) and image_size > packed_at:
+            log.warning("%s was packed with the shorter side at most %d px; at image_size=%d its images are upscaled "
+                        "(blurrier than the originals): pack again with --image-size %d", root, packed_at, image_size,
+                        image_size)
         self.bad_samples = 0
         self._maps: dict[int, mmap.mmap] = {}
         self._pid = os.getpid()
