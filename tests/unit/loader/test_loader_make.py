@@ -63,6 +63,34 @@ def test_start_at_yields_the_tail_of_the_uninterrupted_epoch(workers: int, start
     assert len(list(loader)) == 5  # the next epoch starts at batch 0 again
 
 
+def test_an_ended_epoch_s_workers_go_on_into_the_next_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
+    def epoch(e: int) -> list[torch.Tensor]:
+        alone = make_loader(Draws(), 4, workers=0, device="cpu", seed=4)
+        alone.set_epoch(e)
+        return list(alone)
+
+    loader = make_loader(Draws(), 4, workers=2, device="cpu", seed=4)
+    assert_same(list(loader), epoch(0))
+    it = loader.dataloader._iterator
+    resets: list[int] = []
+    reset = type(it)._reset  # type: ignore[union-attr]
+    monkeypatch.setattr(type(it), "_reset", lambda self, *a, **k: resets.append(1) or reset(self, *a, **k))
+    assert_same(list(loader), epoch(1))  # taken over from the first epoch's end: not reset, nothing dropped
+    assert resets == []
+    loader.set_epoch(5)  # another epoch than the one made ahead: reset, made afresh
+    assert_same(list(loader), epoch(5))
+    loader.start_at(2)  # a resume point: the same
+    assert_same(list(loader), epoch(6)[2:])
+    assert len(resets) == 2
+    loader.close()
+    assert loader.dataloader._iterator is None
+    ending = make_loader(Draws(), 4, workers=2, device="cpu", seed=4, persistent_workers=False)
+    epoch_it = iter(ending)
+    assert_same(list(epoch_it), epoch(0))
+    workers = list(epoch_it._it._workers)  # type: ignore[attr-defined]
+    assert ending._ahead is None and not any(w.is_alive() for w in workers)  # as asked: they end with the epoch
+
+
 def test_close_stops_persistent_workers_and_iterating_again_restarts_them() -> None:
     loader = make_loader(Draws(), 4, workers=2, device="cpu", persistent_workers=True, seed=6)
     first = list(loader)
