@@ -9,6 +9,7 @@ from pathlib import Path
 from trainfast.cli.flags import positive_int
 from trainfast.data.packing import DEFAULT_MAX_SIZE, pack
 from trainfast.trainer.config import ConfigError
+from trainfast.units import format_bytes
 
 EXAMPLES = """examples:
   trainfast pack ~/data/pets ~/data/pets-packed --image-size 96   # shorter side 110 px (1.15 x 96)
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         raise ConfigError(str(e)) from e
     for name, split in (result.splits or {"": result}).items():
         where = f"{split.root}" + (f" ({name})" if name else "")
-        print(f"packed {split.samples:,} images into {split.shards} shard(s), {split.bytes / 2**20:,.1f} MiB, at "
+        print(f"packed {split.samples:,} images into {split.shards} shard(s), {format_bytes(split.bytes)}, at "
               f"{where}: {split.shards_written} written, {split.shards_kept} kept from an earlier run, "
               f"{len(split.skipped)} corrupt image(s) skipped")
     print(f"done in {result.seconds:.1f} s; train with: trainfast train --data {result.root}")

@@ -66,6 +66,18 @@ _jpeg_backend: str | None = None  # "pillow" or "simplejpeg" once decided (once 
 _simplejpeg: Any = None  # the simplejpeg module when it is the backend
 
 
+def list_images(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
+    """Class names and (`<class>/<file>`, class index) of `root/<class>/<image>`: classes sorted, then files, the
+    order `ImageFolder` and `pack` number samples in. FileNotFoundError when there is no image."""
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    files = [(f"{name}/{p.name}", label) for label, name in enumerate(classes)
+             for p in sorted((root / name).iterdir()) if p.suffix.lower() in IMAGE_SUFFIXES]
+    if not files:
+        raise FileNotFoundError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {str(root)!r}; "
+                                "expected <root>/<class>/<image>")
+    return classes, files
+
+
 def image_sample_bytes(image_size: int) -> int:
     """Bytes of one collated sample: the uint8 3 x image_size x image_size image and its int64 label."""
     return 3 * image_size * image_size + 8
@@ -121,19 +133,11 @@ class ImageFolder(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
             raise ValueError(f"max_bad_fraction={max_bad_fraction!r} is not valid; use a number from 0 to 1: the "
                              "share of the samples tried that may be corrupt before training stops (0.01 = 1%, "
                              "1 = skip any number)")
-        self.classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-        paths, labels = [], []
-        for label, name in enumerate(self.classes):
-            for p in sorted((root / name).iterdir()):
-                if p.suffix.lower() in IMAGE_SUFFIXES:
-                    paths.append(str(p).encode())
-                    labels.append(label)
-        if not paths:
-            raise FileNotFoundError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {str(root)!r}; "
-                                    "expected <root>/<class>/<image>")
+        self.classes, files = list_images(root)
         self.root = root
-        self._paths = np.array(paths, dtype=bytes)  # one buffer, no per-item refcounts
-        self.targets = np.array(labels, dtype=np.int64)
+        # one buffer, no per-item refcounts
+        self._paths = np.array([str(root / rel).encode() for rel, _ in files], dtype=bytes)
+        self.targets = np.array([label for _, label in files], dtype=np.int64)
         self.image_size, self.train, self.decode = image_size, train, decode
         self.crop_scale, self.center_fraction = crop_scale, center_fraction
         self.on_bad_sample: OnBadSample = on_bad_sample

@@ -27,7 +27,6 @@ import io
 import json
 import logging
 import math
-import os
 import sys
 import tarfile
 import time
@@ -39,7 +38,9 @@ from typing import Any, BinaryIO
 from PIL import Image
 
 from trainfast.atomic import TEMP_PREFIX, atomic_write, write_json
-from trainfast.data.images import IMAGE_SUFFIXES, RESOURCE_ERRNOS
+from trainfast.data.images import RESOURCE_ERRNOS, list_images
+from trainfast.host import available_cpus
+from trainfast.units import format_bytes
 
 log = logging.getLogger("trainfast")
 
@@ -100,7 +101,7 @@ def pack(src: str | Path, dst: str | Path, *, max_size: int | None = None, quali
         raise ValueError(f"quality={quality} is not valid; use 1 to 100 (JPEG quality, 90 by default)")
     if shard_bytes < 1:
         raise ValueError(f"shard_bytes={shard_bytes} is not valid; give a positive number of bytes")
-    workers = workers if workers is not None else _usable_cpus()
+    workers = workers if workers is not None else available_cpus()
     if workers < 1:
         raise ValueError(f"workers={workers} is not valid; use 1 or more")
     settings = {"max_size": size, "quality": quality, "shard_bytes": shard_bytes}
@@ -117,31 +118,13 @@ def pack(src: str | Path, dst: str | Path, *, max_size: int | None = None, quali
                       seconds=time.perf_counter() - start, splits=results)
 
 
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 def _is_class_root(folder: Path) -> bool:
     return folder.is_dir() and any(p.is_dir() for p in folder.iterdir())
 
 
-def _list_files(src: Path) -> tuple[list[str], list[tuple[str, int]]]:
-    """Class names and (relative path, class index) in ImageFolder's order: classes sorted, files sorted."""
-    classes = sorted(p.name for p in src.iterdir() if p.is_dir())
-    files = [(f"{name}/{p.name}", label) for label, name in enumerate(classes)
-             for p in sorted((src / name).iterdir()) if p.suffix.lower() in IMAGE_SUFFIXES]
-    if not files:
-        raise FileNotFoundError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {str(src)!r}; "
-                                "expected <src>/<class>/<image>")
-    return classes, files
-
-
 def _pack_split(src: Path, dst: Path, settings: dict[str, int], workers: int, progress: bool) -> PackResult:
     start = time.perf_counter()
-    classes, files = _list_files(src)
+    classes, files = list_images(src)
     dst.mkdir(parents=True, exist_ok=True)
     for stale in dst.glob(f"{TEMP_PREFIX}shard-*.tmp"):  # left by a run that was killed mid-shard
         stale.unlink(missing_ok=True)
@@ -380,7 +363,7 @@ class _Progress:
         elapsed = time.perf_counter() - self.start
         kept = f" ({self.kept} kept)" if self.kept else ""
         line = (f"pack {self.dst}: {self.done}/{self.total} shards{kept}, {self.samples:,} images, "
-                f"{self.bytes / 2**20:,.1f} MiB, {elapsed:.1f} s")
+                f"{format_bytes(self.bytes)}, {elapsed:.1f} s")
         print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
 
     def close(self) -> None:
