@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import pickle
 import random
 import tarfile
@@ -113,17 +112,13 @@ def test_default_max_size_follows_image_size(folder: Path, tmp_path: Path) -> No
     assert json.loads((tmp_path / "dst" / INDEX_NAME).read_text())["settings"]["max_size"] == 18
 
 
-def test_training_above_the_packed_size_warns(folder: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_training_above_the_packed_size_warns(folder: Path, tmp_path: Path,
+                                              trainfast_log: pytest.LogCaptureFixture) -> None:
     dst = packed(folder, tmp_path / "dst")  # shorter side at most 24 px
-    logger = logging.getLogger("trainfast")
-    logger.addHandler(caplog.handler)
-    try:
-        PackedImages(dst, image_size=24)
-        assert "upscaled" not in caplog.text
-        PackedImages(dst, image_size=32)
-    finally:
-        logger.removeHandler(caplog.handler)
-    assert "at most 24 px" in caplog.text and "--image-size 32" in caplog.text
+    PackedImages(dst, image_size=24)
+    assert "upscaled" not in trainfast_log.text
+    PackedImages(dst, image_size=32)
+    assert "at most 24 px" in trainfast_log.text and "--image-size 32" in trainfast_log.text
 
 
 def test_a_corrupt_source_image_is_skipped_and_counted(tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from collections.abc import Iterator
 
 import pytest
 
@@ -15,16 +14,10 @@ from trainfast.trainer.progress import ProgressReporter
 
 
 @pytest.fixture
-def records(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.LogCaptureFixture]:
+def records(trainfast_log: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> pytest.LogCaptureFixture:
     """The "trainfast" logger's records, each once: the package logger may or may not propagate to the root."""
-    logger = logging.getLogger("trainfast")
-    monkeypatch.setattr(logger, "propagate", False)
-    caplog.set_level(logging.INFO, logger="trainfast")
-    logger.addHandler(caplog.handler)
-    try:
-        yield caplog
-    finally:
-        logger.removeHandler(caplog.handler)
+    monkeypatch.setattr(logging.getLogger("trainfast"), "propagate", False)
+    return trainfast_log
 
 
 def still_running(before: set[threading.Thread]) -> list[str]:
