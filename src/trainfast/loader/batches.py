@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 
 import numpy as np
@@ -41,6 +42,12 @@ class EpochBatches(torch.utils.data.Sampler[tuple[int, np.ndarray]]):
         if not 0 <= batch <= len(self):
             raise ValueError(f"start batch {batch} is outside the epoch's {len(self)} batches")
         self._start = batch
+
+    def for_epoch(self, epoch: int) -> EpochBatches:
+        """A copy yielding `epoch` from its first batch; this one keeps its own epoch and start point."""
+        other = copy.copy(self)
+        other.epoch, other._start = epoch, 0
+        return other
 
     def _per_rank(self) -> int:
         return -(-self.num_samples // self.world_size)

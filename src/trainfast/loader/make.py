@@ -4,7 +4,6 @@ step (`LoaderOptions` -> `resolve_loader` -> `build_loader`)."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -68,12 +67,11 @@ class EpochStream(torch.utils.data.Sampler[tuple[int, np.ndarray]]):
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
         # Lazily, as EpochBatches itself: the DataLoader makes (and drops) a sampler iterator more than once when
         # it starts, and only the one it draws from may use up the start point.
-        following = copy.copy(self.batches)
+        epoch = self.batches.epoch
         yield from self.batches
-        while len(following):
-            following.set_epoch(following.epoch + 1)
-            following._start = 0
-            yield from following
+        while len(self.batches):
+            epoch += 1
+            yield from self.batches.for_epoch(epoch)
 
 
 class Loader(EpochLoader):

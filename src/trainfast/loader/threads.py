@@ -24,7 +24,6 @@ the threads would not overlap at all, and still race with the training thread.
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import queue
 import threading
@@ -101,10 +100,7 @@ class ThreadLoader(EpochLoader):
     def _following(self) -> tuple[int, Iterator[tuple[int, np.ndarray]]]:
         """The epoch after the one being iterated (as the next `iter()` will begin it unless told otherwise), and
         its (seed, indices) from its first batch; the loader's own `batches` are left as they are."""
-        following = copy.copy(self.batches)
-        following.set_epoch(self._next_epoch)
-        following._start = 0
-        return self._next_epoch, iter(following)
+        return self._next_epoch, iter(self.batches.for_epoch(self._next_epoch))
 
     def fetch(self, seed: int, indices: np.ndarray) -> Any:
         """One batch, as a loader thread makes it (callable from any thread; the global RNGs are not touched)."""
