@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from trainfast.data.images import CorruptImageError, decode_image, image_sample_bytes
-from trainfast.data.packing import INDEX_NAME, INDEX_VERSION, SHARD_PATTERN
+from trainfast.data.packing import INDEX_NAME, INDEX_VERSION, KEY_DIGITS, SHARD_PATTERN
 from trainfast.loader.prefetch import Normalize
 
 log = logging.getLogger("trainfast")
@@ -91,7 +91,7 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     def path(self, index: int) -> str:
         """`<root>/shard-NNNNNN.tar:<key>.jpg`, the sample's place (for messages)."""
         shard = SHARD_PATTERN.format(int(self._shards[index]))
-        return f"{self.root / shard}:{int(self._keys[index]):09d}.jpg"
+        return f"{self.root / shard}:{int(self._keys[index]):0{KEY_DIGITS}d}.jpg"
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -21,6 +21,7 @@ import torch
 from trainfast.atomic import write_json
 from trainfast.cache import cache_root
 from trainfast.host import available_cpus
+from trainfast.loader.options import is_int
 
 log = logging.getLogger("trainfast")
 FORMAT = 1  # bump when the meaning of a cached result changes
@@ -58,16 +59,12 @@ class WorkerSettings:
         edited or damaged by hand), so that a bad file is skipped instead of reaching the DataLoader."""
         config = cls(**{k: data[k] for k in ("num_workers", "prefetch_factor", "pin_memory", "cpu_threads")},
                      backend=data.get("backend", "processes"))  # records written before the backend was tuned
-        if not (_count(config.num_workers, 0) and (config.prefetch_factor is None or _count(config.prefetch_factor, 1))
+        if not (is_int(config.num_workers, 0) and (config.prefetch_factor is None or is_int(config.prefetch_factor, 1))
                 and isinstance(config.pin_memory, bool)
-                and (config.cpu_threads is None or _count(config.cpu_threads, 1))
+                and (config.cpu_threads is None or is_int(config.cpu_threads, 1))
                 and config.backend in ("processes", "threads")):
             raise ValueError(f"not a loader configuration: {data!r}")
         return config
-
-
-def _count(value: Any, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 def dataset_fingerprint(dataset: Any) -> str:
