@@ -40,6 +40,7 @@ EXPECTED: tuple[tuple[type[Exception], int], ...] = (
     (CorruptImageError, FAILED),
     (LoaderError, FAILED),
 )
+QUIET_HELP = "only warnings and errors on stderr"
 DEBUG_HELP = "show the full traceback of an error instead of its one-line message (for bug reports)"
 # torch re-raises a DataLoader worker's exception with the worker's formatted traceback as its message
 WORKER_TRACEBACK = "Original Traceback (most recent call last):"
@@ -56,14 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
                "  trainfast env\n\n"
                "'trainfast <command> --help' shows each command's flags and examples.")
     parser.add_argument("--version", action="version", version=f"trainfast {__version__}")
-    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
+    parser.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         command.register(sub)
     for command_parser in sub.choices.values():  # `trainfast train --debug` as well as `trainfast --debug train`
         command_parser.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
-                                    help="only warnings and errors on stderr")
+                                    help=QUIET_HELP)
         command_parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
 
