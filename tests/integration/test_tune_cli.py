@@ -38,3 +38,19 @@ def test_tune_bad_input(argv: list[str], message: str, capsys: pytest.CaptureFix
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_chosen_mark_survives_a_long_label(tiny_images: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from trainfast.cli import tune as tune_cli
+    from trainfast.loader.tuned import WorkerSettings
+    from trainfast.tune.result import TuneResult
+    from trainfast.tune.trial import Trial
+
+    # at 80 columns this label's mark used to wrap between "◀" and "chosen"
+    chosen = WorkerSettings(1, 4, False, 1, backend="threads")
+    trials = [Trial(WorkerSettings(0), 100.0, 1.0, 8), Trial(chosen, 300.0, 2.0, 40)]
+    monkeypatch.setattr(tune_cli, "tune_loader", lambda *a, **k: TuneResult(chosen, 300.0, WorkerSettings(0), 100.0,
+                                                                            trials, 3.0, "k"))
+    assert main(["tune", "--data", str(tiny_images), "--image-size", "16", "--batch-size", "8", "--model", "mlp"]) == 0
+    assert "◀ chosen" in capsys.readouterr().out

@@ -81,12 +81,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     result = tune_loader(dataset, args.batch_size, step, budget_s=args.budget_s, device=str(device))
     table = Table(title=f"trials ({'co-running the training step' if step else 'loader alone'})",
                   title_justify="left")
-    for column in ("configuration", "samples/s", "vs baseline", "seconds"):
-        table.add_column(column, justify="left" if column == "configuration" else "right")
+    table.add_column("configuration")
+    table.add_column("", no_wrap=True)  # the mark, a column of its own: a long label wraps, the mark stays whole
+    for column in ("samples/s", "vs baseline", "seconds"):
+        table.add_column(column, justify="right")
     for trial in result.trials:
-        mark = " ◀ chosen" if trial.config == result.chosen else ""
-        table.add_row(trial.config.label() + mark, f"{trial.samples_per_s:,.0f}",
-                      f"{trial.samples_per_s / result.baseline_samples_per_s:.2f}x", f"{trial.seconds:.1f}")
+        table.add_row(trial.config.label(), "◀ chosen" if trial.config == result.chosen else "",
+                      f"{trial.samples_per_s:,.0f}", f"{trial.samples_per_s / result.baseline_samples_per_s:.2f}x",
+                      f"{trial.seconds:.1f}")
     console.print(table)
     console.print(f"chosen: {result.chosen.label()} — {result.chosen_samples_per_s:,.0f} samples/s, "
                   f"{result.speedup:.2f}x the baseline (workers=0, default threads); search took "
