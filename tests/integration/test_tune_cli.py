@@ -47,10 +47,11 @@ def test_the_chosen_mark_survives_a_long_label(tiny_images: Path, cache_dir: Pat
     from trainfast.tune.result import TuneResult
     from trainfast.tune.trial import Trial
 
-    # at 80 columns this label's mark used to wrap between "◀" and "chosen"
+    # at 80 columns this label's mark used to wrap between "◀" and "chosen", and the summary inside "x the baseline"
     chosen = WorkerSettings(1, 4, False, 1, backend="threads")
     trials = [Trial(WorkerSettings(0), 100.0, 1.0, 8), Trial(chosen, 300.0, 2.0, 40)]
     monkeypatch.setattr(tune_cli, "tune_loader", lambda *a, **k: TuneResult(chosen, 300.0, WorkerSettings(0), 100.0,
                                                                             trials, 3.0, "k"))
     assert main(["tune", "--data", str(tiny_images), "--image-size", "16", "--batch-size", "8", "--model", "mlp"]) == 0
-    assert "◀ chosen" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "◀ chosen" in printed and "3.00x the baseline" in printed

@@ -92,7 +92,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     console.print(table)
     console.print(f"chosen: {result.chosen.label()} — {result.chosen_samples_per_s:,.0f} samples/s, "
                   f"{result.speedup:.2f}x the baseline (workers=0, default threads); search took "
-                  f"{result.sweep_seconds:.0f} s. Use it with --workers tuned / make_loader(..., workers='tuned').")
+                  f"{result.sweep_seconds:.0f} s. Use it with --workers tuned / make_loader(..., workers='tuned').",
+                  soft_wrap=True)  # one line, wrapped by the terminal: the label's length moves any break rich makes
     if args.on_bad_sample == "skip":
         console.print(f"{dataset.skipped} corrupt sample(s) skipped while measuring", markup=False, highlight=False)
     if args.json:
