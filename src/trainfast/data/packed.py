@@ -2,7 +2,8 @@
 
 Each sample is the same `(uint8 CHW tensor, class index)` `ImageFolder` returns for the same options, through the
 same decode (`decode_image`): only where the JPEG bytes come from differs. Shards are opened lazily, once per
-shard and process; the maps are never pickled, so each DataLoader worker (fork or spawn) opens its own.
+shard and process (under a lock: loader threads share them); the maps are never pickled, so each DataLoader worker
+(fork or spawn) opens its own.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import logging
 import mmap
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +77,15 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         self.bad_samples = 0
         self._maps: dict[int, mmap.mmap] = {}
         self._pid = os.getpid()
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._keys)
+
+    @property
+    def shards(self) -> int:
+        """How many shard files hold the samples."""
+        return len(self._shard_ends)
 
     @property
     def sample_bytes(self) -> int:
@@ -96,22 +104,32 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_maps"] = {}  # open maps stay in the process that opened them
+        del state["_lock"]
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
+
     def _map(self, shard: int) -> mmap.mmap:
-        if self._pid != os.getpid():  # forked after opening: open our own
-            self._maps, self._pid = {}, os.getpid()
+        if self._pid != os.getpid():  # forked after opening: our own maps, and a lock no parent thread holds
+            self._maps, self._lock, self._pid = {}, threading.Lock(), os.getpid()
         mm = self._maps.get(shard)
         if mm is None:
-            path = self.root / SHARD_PATTERN.format(shard)
-            with open(path, "rb") as f:
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            if len(mm) < self._shard_ends[shard]:
-                size = len(mm)
-                mm.close()
-                raise CorruptImageError(f"shard {str(path)!r} is {size} bytes, shorter than its index says "
-                                        f"({self._shard_ends[shard]}); pack the images again")
-            self._maps[shard] = mm
+            with self._lock:  # one map per shard even when loader threads ask for it at once
+                mm = self._maps.get(shard)
+                if mm is None:
+                    mm = self._maps[shard] = self._open(shard)
+        return mm
+
+    def _open(self, shard: int) -> mmap.mmap:
+        path = self.root / SHARD_PATTERN.format(shard)
+        with open(path, "rb") as f:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if len(mm) < self._shard_ends[shard]:
+            size = len(mm)
+            mm.close()
+            raise CorruptImageError(f"shard {str(path)!r} is {size} bytes, shorter than its index says "
+                                    f"({self._shard_ends[shard]}); pack the images again")
         return mm
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
@@ -123,6 +141,7 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
 
     def close(self) -> None:
         """Close the shards this process opened (they reopen on the next read)."""
-        for mm in self._maps.values():
+        with self._lock:
+            maps, self._maps = self._maps, {}
+        for mm in maps.values():
             mm.close()
-        self._maps = {}

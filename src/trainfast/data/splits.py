@@ -41,7 +41,6 @@ def open_split(root: Path, split: str = "train", *, image_size: int = 64, train:
 
 def describe_packed(dataset: PackedImages) -> str:
     """`N images in S shard(s), packed at shorter side <= PX px` for messages."""
-    shards = len(list(dataset.root.glob("shard-*.tar")))
     max_size = dataset.settings.get("max_size")
     sized = f", shorter side at most {max_size} px" if max_size else ""
-    return f"{len(dataset):,} images in {shards} shard(s){sized}"
+    return f"{len(dataset):,} images in {dataset.shards} shard(s){sized}"

@@ -68,7 +68,8 @@ class WorkerSettings:
 
 
 def dataset_fingerprint(dataset: Any) -> str:
-    """What identifies a dataset across runs: its type, length, and root folder or tensor shapes."""
+    """What identifies a dataset across runs: its type, length, and root folder or tensor shapes; for image
+    datasets the options that change a sample's cost, and a packed folder's pack settings."""
     if isinstance(dataset, (tuple, list)) and dataset and all(isinstance(t, torch.Tensor) for t in dataset):
         return "tensors:" + ";".join(f"{tuple(t.shape)}:{t.dtype}" for t in dataset)
     tensors = getattr(dataset, "tensors", None)
@@ -77,6 +78,9 @@ def dataset_fingerprint(dataset: Any) -> str:
     kind = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
     root = getattr(dataset, "root", None)
     extra = ":".join(str(getattr(dataset, a)) for a in ("image_size", "train", "decode") if hasattr(dataset, a))
+    settings = getattr(dataset, "settings", None)  # how a packed folder was made: a re-pack is another dataset
+    if isinstance(settings, dict):
+        extra += ":" + json.dumps(settings, sort_keys=True, default=str)
     return f"{kind}:{len(dataset)}:{Path(root).resolve() if root else ''}:{extra}"
 
 

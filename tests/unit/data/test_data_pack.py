@@ -7,8 +7,12 @@ import io
 import json
 import pickle
 import random
+import shutil
 import tarfile
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,6 +23,7 @@ from trainfast.cli import main
 from trainfast.data import CorruptImageError, ImageFolder, PackedImages, pack
 from trainfast.data.packing import INDEX_NAME
 from trainfast.loader.make import make_loader
+from trainfast.loader.tuned import dataset_fingerprint
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -231,6 +236,39 @@ def test_pickles_without_open_maps_and_feeds_a_worker(folder: Path, tmp_path: Pa
     assert len(batches) == 3
     x, y = batches[0]
     assert x.shape == (8, 3, 16, 16) and x.dtype == torch.uint8 and y.shape == (8,)
+
+
+def test_loader_threads_map_each_shard_once(folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ds = PackedImages(packed(folder, tmp_path / "dst"), image_size=16)
+    opened: list[int] = []
+    real_open = PackedImages._open
+
+    def slow_open(self: PackedImages, shard: int) -> Any:
+        opened.append(shard)
+        time.sleep(0.05)  # wide enough a window that unlocked readers would all open the shard
+        return real_open(self, shard)
+    monkeypatch.setattr(PackedImages, "_open", slow_open)
+    start = threading.Barrier(4)
+
+    def read() -> None:
+        start.wait()
+        ds[0]
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert opened == [0] and ds.shards > 1
+    ds.close()
+    assert ds._maps == {} and ds[0][0].shape == (3, 16, 16)
+
+
+def test_a_repack_with_other_settings_is_another_dataset_to_the_tuning_cache(folder: Path, tmp_path: Path) -> None:
+    first = dataset_fingerprint(PackedImages(packed(folder, tmp_path / "dst"), image_size=16))
+    again = dataset_fingerprint(PackedImages(packed(folder, tmp_path / "dst"), image_size=16))
+    shutil.rmtree(tmp_path / "dst")  # the same folder, the same images, packed smaller
+    repacked = dataset_fingerprint(PackedImages(packed(folder, tmp_path / "dst", max_size=20), image_size=16))
+    assert first == again != repacked
 
 
 def test_a_truncated_shard_is_named(folder: Path, tmp_path: Path) -> None:
