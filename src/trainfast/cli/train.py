@@ -19,6 +19,7 @@ from trainfast.cli.flags import (
 )
 from trainfast.data.models import MODELS, build_model
 from trainfast.data.synthetic import SIZES, ensure_demo_dataset
+from trainfast.loader.auto import Auto
 from trainfast.loader.make import make_loader
 from trainfast.loader.seeding import seed_all
 from trainfast.trainer.config import ConfigError, TrainConfig
@@ -55,7 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--model", choices=tuple(MODELS), default="convnet", help="reference model (default: convnet)")
     p.add_argument("--image-size", type=positive_int, default=64, help="training resolution in pixels (default: 64)")
     p.add_argument("--batch-size", type=positive_int, default=64, help="samples per batch (default: 64)")
-    p.add_argument("--workers", type=workers_arg, default="auto", help="loader workers: 'auto' or N (default: auto)")
+    p.add_argument("--workers", type=workers_arg, default="auto",
+                   help="loader workers: 'auto', N, or 'tuned' (`trainfast tune`'s result for the training data, "
+                        "'auto' without one) (default: auto)")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir/last.pt if it exists")
     add_on_bad_sample_flag(p)
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the result as JSON")
@@ -90,7 +93,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         raise ConfigError(f"--data {str(root)!r} has {len(train_set)} training image(s){ranks}, fewer than one batch "
                           f"of --batch-size {args.batch_size} (training drops an incomplete batch); give "
                           f"--batch-size {per_rank} or less, or more images")
-    val_loader = (make_loader(val_set, args.batch_size, shuffle=False, workers=args.workers, device=config.device)
+    # `trainfast tune` tunes the training loader; validation (center crops, no shuffle) is never tuned itself
+    val_workers: int | Auto = "auto" if args.workers == "tuned" else args.workers
+    val_loader = (make_loader(val_set, args.batch_size, shuffle=False, workers=val_workers, device=config.device)
                   if val_set is not None else None)
     trainer = Trainer(model, config=config)
     result = trainer.fit(train_loader, val_loader, resume=args.resume)

@@ -110,6 +110,19 @@ def test_tune_on_a_packed_folder_caches_what_train_reads(packed: Path, cache_dir
     assert tuned.load(train_set, 4, device="cpu") is not None
 
 
+def test_train_with_tuned_workers_tunes_the_training_loader_and_validates_on_auto(
+        packed: Path, cache_dir: Path, trainfast_log: pytest.LogCaptureFixture) -> None:
+    assert main(["tune", "--data", str(packed), "--image-size", "16", "--batch-size", "4", "--no-step",
+                 "--budget-s", "2", "--device", "cpu"]) == 0
+    trainfast_log.clear()
+    assert main(["train", "--data", str(packed), "--image-size", "16", "--batch-size", "4", "--workers", "tuned",
+                 "--epochs", "1", "--precision", "32-true", "--channels-last", "false", "--device", "cpu",
+                 "--no-progress"]) == 0
+    plans = [r.getMessage() for r in trainfast_log.records if r.getMessage().startswith("make_loader:")]
+    assert len(plans) == 2 and "tuned by measurement" in plans[0] and "tuned" not in plans[1], plans
+    assert not any("no tuning result" in r.getMessage() for r in trainfast_log.records)
+
+
 def test_tune_on_a_packed_folder_smaller_than_one_batch_exits_2(packed: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["tune", "--data", str(packed), "--batch-size", "32", "--image-size", "16", "--no-step"]) == 2
