@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from trainfast.units import to_bytes
+
 # Cached-but-unallocated memory at an OOM above this share of the reserved memory means the allocator
 # held free blocks it could not use for the request: fragmentation (the same hint torch's OOM text gives).
 FRAGMENTATION_SHARE = 0.25
@@ -16,7 +18,6 @@ EXPANDABLE = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 # Messages of allocation failures that torch does not raise as OutOfMemoryError: the CPU allocator,
 # older CUDA paths and cuBLAS failing to allocate its workspace.
 _OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "cublas_status_alloc_failed")
-_UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 _REQUEST = re.compile(r"[Tt]ried to allocate (\d+(?:\.\d+)?) ?(bytes|KiB|MiB|GiB|TiB)")
 
 
@@ -56,7 +57,7 @@ def memory_at_oom(device: torch.device) -> MemorySnapshot | None:
 def requested_bytes(message: str) -> int | None:
     """The failed allocation's size, from torch's CUDA or CPU OOM message."""
     if match := _REQUEST.search(message):
-        return int(float(match.group(1)) * _UNITS[match.group(2)])
+        return to_bytes(float(match.group(1)), match.group(2))
     return None
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from trainfast.cli.flags import positive_int
 from trainfast.data.packing import DEFAULT_MAX_SIZE, pack
 from trainfast.trainer.config import ConfigError
-from trainfast.units import format_bytes
+from trainfast.units import format_bytes, to_bytes
 
 EXAMPLES = """examples:
   trainfast pack ~/data/pets ~/data/pets-packed --image-size 96   # shorter side 110 px (1.15 x 96)
@@ -21,17 +21,13 @@ and DST/val). DST gets shard-000000.tar, ... (WebDataset layout: <key>.jpg and <
 index.json. A corrupt source image is logged, left out and listed in index.json. Rerunning the same command
 after an interruption keeps the finished shards and writes the missing ones.
 """
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
-          "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
-
-
 def byte_size(text: str) -> int:
     """`65536`, `64MiB`, `500MB`, `1GiB` as bytes."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else ""
-    if not match or unit not in _UNITS or float(match.group(1)) * _UNITS[unit] < 1:
+    size = to_bytes(float(match.group(1)), match.group(2)) if match else None
+    if size is None or size < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size; give bytes, e.g. 67108864, 64MiB or 500MB")
-    return int(float(match.group(1)) * _UNITS[unit])
+    return size
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
