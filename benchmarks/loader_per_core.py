@@ -58,7 +58,8 @@ from trainfast.atomic import TEMP_PREFIX, write_json
 from trainfast.bench.hardware import describe, hardware
 from trainfast.bench.naive import FloatNormalized
 from trainfast.bench.timing import Spread, interleave, ratios
-from trainfast.data.images import ImageFolder, _random_crop
+from trainfast.data.decode import _random_crop
+from trainfast.data.images import ImageFolder
 from trainfast.data.packed import PackedImages
 from trainfast.data.packing import DEFAULT_MAX_SIZE, INDEX_NAME, PLAN_NAME, SHARD_PATTERN, pack
 from trainfast.data.synthetic import demo_dir, ensure_demo_dataset

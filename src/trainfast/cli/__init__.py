@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from trainfast.bench.plot import PlotUnavailableError
 from trainfast.cli import bench, demo, doctor, env, pack, train, tune
-from trainfast.data.images import CorruptImageError
+from trainfast.data.decode import CorruptImageError
 from trainfast.loader.faults import LoaderError
 from trainfast.trainer.checkpoint import CheckpointError, CheckpointWriteError
 from trainfast.trainer.config import ConfigError

@@ -1,7 +1,8 @@
 """Datasets and reference models: the demo images, a fast ImageFolder reader, packed JPEG shards (`pack`,
 `PackedImages`), small models by name."""
 
-from trainfast.data.images import CorruptImageError, ImageFolder
+from trainfast.data.decode import CorruptImageError
+from trainfast.data.images import ImageFolder
 from trainfast.data.models import MODELS, build_model
 from trainfast.data.packed import PackedImages
 from trainfast.data.packing import PackResult, pack

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainfast.data.images import CorruptImageError, decode_image, image_sample_bytes
+from trainfast.data.decode import CorruptImageError, decode_image, image_sample_bytes
 from trainfast.data.packing import INDEX_NAME, INDEX_VERSION, KEY_DIGITS, SHARD_PATTERN
 from trainfast.loader.prefetch import Normalize
 

@@ -38,7 +38,8 @@ from typing import Any, BinaryIO
 from PIL import Image
 
 from trainfast.atomic import TEMP_PREFIX, atomic_write, write_json
-from trainfast.data.images import RESOURCE_ERRNOS, list_images
+from trainfast.data.decode import RESOURCE_ERRNOS
+from trainfast.data.images import list_images
 from trainfast.host import available_cpus
 from trainfast.units import format_bytes
 

@@ -17,7 +17,7 @@ from PIL import Image
 
 from trainfast.cli import build_parser, error_message, main
 from trainfast.cli import train as train_cli
-from trainfast.data.images import CorruptImageError
+from trainfast.data.decode import CorruptImageError
 from trainfast.trainer.config import ConfigError
 
 pytestmark = pytest.mark.timeout(120)

@@ -12,7 +12,8 @@ import pytest
 import torch
 from PIL import Image, JpegImagePlugin
 
-from trainfast.data.images import CorruptImageError, ImageFolder
+from trainfast.data.decode import CorruptImageError
+from trainfast.data.images import ImageFolder
 from trainfast.data.synthetic import CLASSES
 
 

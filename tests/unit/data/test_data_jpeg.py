@@ -13,8 +13,8 @@ import pytest
 import torch
 from PIL import Image
 
-import trainfast.data.images as images
-from trainfast.data.images import CorruptImageError, decode_image
+import trainfast.data.decode as decode
+from trainfast.data.decode import CorruptImageError, decode_image
 
 simplejpeg = pytest.importorskip("simplejpeg", reason="simplejpeg is not installed (pip install 'trainfast[fastjpeg]')")
 
@@ -33,8 +33,8 @@ def keep_python_rng() -> Iterator[None]:
 
 
 def _set_backend(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
-    monkeypatch.setattr(images, "_jpeg_backend", backend)
-    monkeypatch.setattr(images, "_simplejpeg", simplejpeg if backend == "simplejpeg" else None)
+    monkeypatch.setattr(decode, "_jpeg_backend", backend)
+    monkeypatch.setattr(decode, "_simplejpeg", simplejpeg if backend == "simplejpeg" else None)
 
 
 def _jpeg(path: Path, w: int, h: int, *, grey: bool = False) -> Path:
@@ -141,20 +141,20 @@ def test_png_stays_on_pillow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
                                                ("PilloW ", "pillow")])
 def test_environment_variable_forces_the_backend(monkeypatch: pytest.MonkeyPatch, env: str, expected: str) -> None:
     monkeypatch.setenv("TRAINFAST_JPEG", env)
-    monkeypatch.setattr(images, "_jpeg_backend", None)
-    monkeypatch.setattr(images, "_simplejpeg", None)
-    assert images.jpeg_backend(64) == expected
-    assert images.jpeg_backend(224) == expected  # decided once
+    monkeypatch.setattr(decode, "_jpeg_backend", None)
+    monkeypatch.setattr(decode, "_simplejpeg", None)
+    assert decode.jpeg_backend(64) == expected
+    assert decode.jpeg_backend(224) == expected  # decided once
 
 
 def test_auto_times_both_and_logs_once(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("TRAINFAST_JPEG", "auto")
-    monkeypatch.setattr(images, "_jpeg_backend", None)
-    monkeypatch.setattr(images, "_simplejpeg", None)
+    monkeypatch.setattr(decode, "_jpeg_backend", None)
+    monkeypatch.setattr(decode, "_simplejpeg", None)
     state = random.getstate()
     with caplog.at_level(logging.INFO, logger="trainfast"):
-        choice = images.jpeg_backend(64)
-        images.jpeg_backend(64)
+        choice = decode.jpeg_backend(64)
+        decode.jpeg_backend(64)
     assert random.getstate() == state  # the timing draws nothing: seeded crops are unchanged
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("jpeg decode:")]
     assert len(lines) == 1 and lines[0].endswith(f"-> {choice} (TRAINFAST_JPEG=pillow|simplejpeg forces it)")
@@ -164,8 +164,8 @@ def test_auto_times_both_and_logs_once(monkeypatch: pytest.MonkeyPatch, caplog: 
 def test_invalid_environment_variable_warns_and_uses_auto(monkeypatch: pytest.MonkeyPatch,
                                                           caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("TRAINFAST_JPEG", "turbo")
-    monkeypatch.setattr(images, "_jpeg_backend", None)
-    monkeypatch.setattr(images, "_simplejpeg", None)
+    monkeypatch.setattr(decode, "_jpeg_backend", None)
+    monkeypatch.setattr(decode, "_simplejpeg", None)
     with caplog.at_level(logging.INFO, logger="trainfast"):
-        assert images.jpeg_backend(64) in ("pillow", "simplejpeg")
+        assert decode.jpeg_backend(64) in ("pillow", "simplejpeg")
     assert "TRAINFAST_JPEG='turbo' is not valid" in caplog.text

@@ -15,7 +15,8 @@ import pytest
 import torch
 from PIL import Image
 
-from trainfast.data.images import MAX_FILES_TRIED, CorruptImageError, ImageFolder
+from trainfast.data.decode import CorruptImageError
+from trainfast.data.images import MAX_FILES_TRIED, ImageFolder
 from trainfast.loader import Loader, LoaderError, make_loader
 
 pytestmark = pytest.mark.timeout(60)  # every test here has a hard limit; worker tests set their own

@@ -23,7 +23,8 @@ import pytest
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from trainfast.data.images import CorruptImageError, ImageFolder
+from trainfast.data.decode import CorruptImageError
+from trainfast.data.images import ImageFolder
 from trainfast.host import Memory
 from trainfast.loader import Loader, LoaderError, faults, make_loader
 from trainfast.loader.faults import explain_failure
