@@ -189,7 +189,7 @@ def test_a_worker_s_error_is_its_own_message_without_the_worker_traceback() -> N
         "Caught CorruptImageError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
         '  File "x.py", line 1, in f\n    raise ...\nOSError: image file is truncated\n\nThe above exception was the '
         "direct cause of the following exception:\n\nTraceback (most recent call last):\n  File \"y.py\"\n"
-        "trainfast.data.images.CorruptImageError: cannot decode image '/d/a.jpg': image file is truncated\n")
+        "trainfast.data.decode.CorruptImageError: cannot decode image '/d/a.jpg': image file is truncated\n")
     args = build_parser().parse_args(["train", "--on-bad-sample", "error"])
     message = error_message(wrapped, args)
     assert message.startswith("cannot decode image '/d/a.jpg': image file is truncated. Fix or remove the file, or "
