@@ -38,6 +38,10 @@ PARTS = ("data_wait", "transfer", "host")
 # part -> (verdict, what the step waits for, where the gain would come from)
 _PART_TEXT = {
     "data_wait": ("input-bound", "the step waits for the next batch", "from the input pipeline"),
+    # no loader to time: the gap before each forward is batch preparation and whatever else the loop does there
+    "script_input": ("input-bound", "the loop spends this long before each forward (no DataLoader to time: preparing "
+                     "the batch, and any other work between steps, such as an EMA update or logging)",
+                     "from that work"),
     "transfer": ("transfer-bound", "the step waits for host-to-device copies", "from the copies"),
     "host": ("host-bound", "Python between steps keeps the device idle", "from the host work"),
 }
@@ -99,12 +103,13 @@ def share_interval(parts: Sequence[float], totals: Sequence[float], *, confidenc
 
 
 def classify(f: Fractions, *, device: str, gpu_util: float | None = None, loader_headroom: float | None = None,
-             intervals: Mapping[str, tuple[float, float]] | None = None) -> Verdict:
+             intervals: Mapping[str, tuple[float, float]] | None = None, loader_fed: bool = True) -> Verdict:
     """The limiting part of the step.
 
     `gpu_util`: mean GPU utilisation (%) while measuring, if known. `loader_headroom`: the loader's throughput
     replayed alone divided by the training throughput, if measured. `intervals`: (low, high) of each part's
     share over the measured steps (`share_interval`); without them the shares are taken as exact.
+    `loader_fed`: False when no DataLoader fed training, so "data wait" is the whole gap before each forward.
     """
     pct = f"data wait {f.data_wait:.0%}, transfer {f.transfer:.0%}, host {f.host:.0%}, compute {f.compute:.0%}"
     if loader_headroom is not None and loader_headroom <= REPLAY_CERTAIN:
@@ -122,7 +127,7 @@ def classify(f: Fractions, *, device: str, gpu_util: float | None = None, loader
     limits = [p for p in parts if low_high(p)[0] >= LIMIT_SHARE]
     if limits:
         part = max(limits, key=f.share)
-        name, why, source = _PART_TEXT[part]
+        name, why, source = _PART_TEXT["script_input" if part == "data_wait" and not loader_fed else part]
         return Verdict(name, f"{why}: {f.share(part):.0%} of each step, up to {max_speedup(f.share(part)):.2f}x "
                              f"{source}; {pct}")
     if device == "cuda" and gpu_util is not None and gpu_util < LOW_GPU_UTIL:
@@ -139,5 +144,15 @@ def classify(f: Fractions, *, device: str, gpu_util: float | None = None, loader
         where = "the model step on the CPU" if device == "cpu" else "the GPU"
         small = f", with small costs: {', '.join(costs)}" if costs else ""
         return Verdict("compute-bound", f"{where} takes {f.compute:.0%} of each step{small}; {pct}{hint}")
+    uncertain = [p for p in parts if f.share(p) >= LIMIT_SHARE]  # large on average, not at the interval's low end
+    if uncertain:
+        part = max(uncertain, key=f.share)
+        low, high = low_high(part)
+        why = (f"close to the bar for the limit ({LIMIT_SHARE:.0%} of the step)" if high - low < 0.1 else
+               "too uneven between steps to call it the limit (too few steps, or one unlike the rest: measure more "
+               "with --steps)")
+        return Verdict("balanced", f"no part is the limit with confidence: {part.replace('_', ' ')} is "
+                                   f"{f.share(part):.0%} of the time overall, {low:.0%}-{high:.0%} over the "
+                                   f"measured steps: {why}; {pct}{hint}")
     return Verdict("balanced", f"no single part dominates: compute {f.compute:.0%}, {', '.join(costs)}; "
                                f"{pct}{hint}")

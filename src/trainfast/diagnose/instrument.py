@@ -11,7 +11,7 @@ What is patched, and why each is cheap enough (one `perf_counter` pair or a coun
   optimizer step, sync or `no_grad()` block, and again when the first step closes), not with
   torch's global module hooks: those cost ~2.4 us per submodule call here and make `torch.compile` warn and
   recompile when they are removed.
-- `Tensor.item` / `tolist` / `__float__` / `__int__`: counted and timed, they are host syncs on a GPU.
+- `Tensor.item` / `tolist` / `__float__` / `__int__` of a tensor on a device: counted and timed, host syncs.
 - `Tensor.to` / `Tensor.cuda` (only where CUDA exists): host time blocked in host-to-device copies and, in the
   measured steps, CUDA events around each copy (devicetime.py): the copy's own time, read at report time.
 - `autocast.__enter__`, `GradScaler.step`, JPEG `load()` in this process: what the script uses (mixed
@@ -37,7 +37,7 @@ import torch
 from PIL import ImageFile
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset
 
 from trainfast.diagnose.devicetime import DeviceTimer
 from trainfast.diagnose.evidence import LoaderStats
@@ -46,6 +46,9 @@ from trainfast.diagnose.timeline import Timeline
 from trainfast.dynamo import dynamo_counts
 from trainfast.loader.memory import TensorLoader
 from trainfast.samples import batch_samples, first_leaf
+
+# First scans for the model that may find none before one counts (each walks the GC's objects, ~0.1 s)
+MAX_EMPTY_SCANS = 3
 
 
 @dataclass
@@ -183,10 +186,26 @@ def describe_loader(loader: Any, index: int) -> LoaderStats:
     context = loader.multiprocessing_context
     return LoaderStats(
         index=index, kind=kind + (f" ({context.get_start_method()})" if workers and context else ""),
-        dataset=type(dataset).__name__, num_workers=workers, pin_memory=loader.pin_memory,
+        dataset=_dataset_name(dataset), num_workers=workers, pin_memory=loader.pin_memory,
         persistent_workers=loader.persistent_workers, prefetch_factor=loader.prefetch_factor if workers else None,
-        batch_size=batch_size, in_memory=isinstance(dataset, TensorDataset), decode=getattr(dataset, "decode", None),
+        batch_size=batch_size, in_memory=_tensors_in_memory(dataset), decode=getattr(dataset, "decode", None),
         batches_per_epoch=per_epoch)
+
+
+def _dataset_name(dataset: Any) -> str:
+    """`TensorDataset`, or `Subset of TensorDataset` for a `random_split` part (the usual train/val split)."""
+    if isinstance(dataset, Subset):
+        return f"Subset of {_dataset_name(dataset.dataset)}"
+    return type(dataset).__name__
+
+
+def _tensors_in_memory(dataset: Any) -> bool:
+    """A `TensorDataset`, or subsets and concatenations of them: samples are rows of tensors in RAM."""
+    if isinstance(dataset, Subset):
+        return _tensors_in_memory(dataset.dataset)
+    if isinstance(dataset, ConcatDataset):
+        return all(_tensors_in_memory(part) for part in dataset.datasets)
+    return isinstance(dataset, TensorDataset)
 
 
 class Instrumentation:
@@ -212,6 +231,7 @@ class Instrumentation:
         self._undo: list[Callable[[], None]] = []
         self._roots: dict[int, int] = {}  # id of each root module -> where the batch is in its input
         self._discovered_on: set[str] = set()
+        self._empty_scans = 0  # first scans that found no model yet (a trigger before it was built)
         self.scanning = True  # until the second scan (when the first step closes): hot paths skip discover()
 
     # ---- patch bookkeeping
@@ -369,7 +389,8 @@ class Instrumentation:
     def discover(self, trigger: str) -> None:
         """Hook the root modules at the first batch, backward, optimizer step, sync or `no_grad()` block, and
         again when the first step closes: a module found mid-construction the first time (a `no_grad()` inside
-        `nn.init`, a sync in `__init__`) is by then part of its model, which is the root. Two scans at most."""
+        `nn.init`, a sync in `__init__`) is by then part of its model, which is the root. A first scan that finds
+        no module at all (a trigger before any model was built) does not count, up to `MAX_EMPTY_SCANS` times."""
         if trigger == "step":
             if "step" in self._discovered_on:
                 return
@@ -385,6 +406,9 @@ class Instrumentation:
                 continue
             self._roots[id(module)] = batch_axis(module)
             self._watch_calls(type(module))
+        if not self._roots and trigger != "step" and self._empty_scans < MAX_EMPTY_SCANS:
+            self._empty_scans += 1  # no model exists yet: the next trigger scans again
+            self._discovered_on.discard(trigger)
         self.timeline.pause(perf_counter() - started)
 
     def _watch_calls(self, cls: type[nn.Module]) -> None:
@@ -418,7 +442,9 @@ class Instrumentation:
             timeline.forwards += 1
             timeline.training_forwards += 1
             return
-        timeline.forward(perf_counter(), self._input_samples(module, args, kwargs))
+        first = args[0] if args else None
+        timeline.forward(perf_counter(), self._input_samples(module, args, kwargs),
+                         first if isinstance(first, torch.Tensor) else None)
         if self.events is not None and timeline.in_measured_step:
             self.events.batch_ready()
 
@@ -437,8 +463,10 @@ class Instrumentation:
         timeline, observed = self.timeline, self.observed
 
         def counted(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            # torch's own calls (e.g. AdamW reading its step count on the CPU) are not the script's to fix
-            if sys._getframe(1).f_globals.get("__name__", "").startswith("torch"):
+            # A CPU tensor's value is at hand (no device to wait for), a dataset's reads inside a loader's next()
+            # are data wait, and torch's own calls (AdamW reading its step count) are not the script's to fix.
+            if (tensor.device.type == "cpu" or self.fetching
+                    or sys._getframe(1).f_globals.get("__name__", "").startswith("torch")):
                 return original(tensor, *args, **kwargs)
             if self.scanning:
                 self.discover("sync")

@@ -86,7 +86,8 @@ def num_workers(e: Evidence) -> Recommendation | None:
     caveat, threads = "", ""
     if e.device == "cpu":  # loading and the model step share the same cores
         proposed = max(1, e.cpus - k)
-        threads = f"; torch.set_num_threads({proposed})"
+        fewer = proposed < e.threads
+        threads = f"; torch.set_num_threads({proposed})" if fewer else ""
         probe = e.thread_probe
         if probe is not None and probe[0] == proposed:  # measured: the model step on fewer threads
             slower = compute * probe[1]  # on `proposed` threads: that many cores busy for that long
@@ -96,8 +97,8 @@ def num_workers(e: Evidence) -> Recommendation | None:
                       "workers their cores")
         else:
             new_step = max(new_step, (per_batch + compute) / e.cpus)
-            caveat = ("; on the CPU the workers share the cores with the model step, so this is an upper bound, "
-                      "reached only with fewer intra-op threads")
+            caveat = ("; on the CPU the workers share the cores with the model step, so this is an upper bound"
+                      + (", reached only with fewer intra-op threads" if fewer else ""))
     gain = (wait + compute) / new_step
     if gain < MIN_GAIN:
         return None  # fewer threads for the model step would cost more than the workers save
@@ -109,7 +110,7 @@ def num_workers(e: Evidence) -> Recommendation | None:
         f"DataLoader(..., num_workers={k}, persistent_workers=True){threads}  # or trainfast.make_loader(dataset, "
         f"batch_size) / trainfast train --workers auto", gain,
         overrides={"num_workers": k, "persistent_workers": True}
-        | ({"threads": max(1, e.cpus - k)} if e.device == "cpu" else {}))
+        | ({"threads": max(1, e.cpus - k)} if e.device == "cpu" and max(1, e.cpus - k) < e.threads else {}))
 
 
 def cpu_threads(e: Evidence) -> Recommendation | None:
@@ -118,6 +119,8 @@ def cpu_threads(e: Evidence) -> Recommendation | None:
     if e.device != "cpu" or workers == 0 or e.threads + workers <= e.cpus:
         return None
     chosen = max(1, e.cpus - workers)
+    if chosen >= e.threads:
+        return None  # as few threads as there can be already: the workers alone oversubscribe the cores
     return Recommendation(
         "cpu_threads", f"Give the model step {chosen} intra-op thread(s) (now {e.threads})",
         f"{workers} loader worker(s) and {e.threads} intra-op threads share {e.cpus} CPUs: whenever a worker holds a "
@@ -138,8 +141,8 @@ def in_memory(e: Evidence) -> Recommendation | None:
     workers = f" with {loader.num_workers} workers (IPC for data already in RAM)" if loader.num_workers else ""
     return Recommendation(
         "in_memory", "Batch in-memory tensors by indexing instead of per-sample collate",
-        f"loader #{loader.index} iterates a TensorDataset sample by sample{workers}; data wait is {wait:.0%} of each "
-        f"step; one index gather per batch is {IN_MEMORY_SPEEDUP:.0f}x faster than __getitem__ + collate "
+        f"loader #{loader.index} iterates a {loader.dataset} sample by sample{workers}; data wait is {wait:.0%} of "
+        f"each step; one index gather per batch is {IN_MEMORY_SPEEDUP:.0f}x faster than __getitem__ + collate "
         "(BENCHMARKS.md)",
         "loader = trainfast.make_loader((inputs, targets), batch_size)  # num_workers=0, batched indexing", gain)
 
@@ -160,7 +163,12 @@ def persistent_workers(e: Evidence) -> Recommendation | None:
     if loader is None or loader.num_workers == 0 or loader.persistent_workers or not loader.startup_s:
         return None
     startup = sum(loader.startup_s) / len(loader.startup_s)
-    epoch_s = (loader.batches_per_epoch or 0) * e.step_s
+    per_epoch = loader.batches_per_epoch
+    if per_epoch is None:  # no len(): an epoch is what was seen, once a second one began (an upper bound)
+        if loader.epochs < 2:
+            return None  # one epoch seen, and no length to say what a restart would cost
+        per_epoch = loader.batches // (loader.epochs - 1)
+    epoch_s = per_epoch * e.step_s
     gain = 1 + startup / epoch_s if epoch_s > 0 else None
     if gain is not None and gain < 1.005:
         return None

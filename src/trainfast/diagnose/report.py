@@ -229,12 +229,14 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
     fractions = evidence.fractions
     intervals = _intervals(records)
     verdict = classify(fractions, device=device, gpu_util=gpu_util, loader_headroom=loader_headroom,
-                       intervals=intervals) if records else None
+                       intervals=intervals, loader_fed=timeline.input_source != "script") if records else None
     if verdict is not None:
         evidence = replace(evidence, verdict=verdict.name)
     if timeline.evaluation_steps:
-        notes.append(f"{timeline.evaluation_steps} step(s) that spanned an evaluation pass (batches fetched with "
-                     "gradients off) were left out of the figures")
+        how = ("batches fetched with gradients off" if timeline.loader_fed else
+               "the model called with gradients off before the step's training forward")
+        notes.append(f"{timeline.evaluation_steps} step(s) that spanned an evaluation pass ({how}) were left out of "
+                     "the figures")
     if timeline.input_source == "script":
         notes.append("no DataLoader fed training: data wait is the time from the end of one step to the model's "
                      "first forward (input prepared in the loop), and samples are counted from the model's input")

@@ -9,8 +9,9 @@ What is a step. One training iteration, found from what the script does (hooks i
   backward passes end it, and the parameter update and logging after them belong to it.
 - "explicit": the caller ends steps itself (`diagnose(loader, step_fn)`).
 An iteration starts with a training batch from a timed loader, or, when no loader feeds training, with the
-model's first forward. A step is closed only when the next one starts, so a second optimizer stepped later
-in the same iteration can still join it.
+model's first forward. The first step starts at its first input: the script's start-up before it (imports,
+building the data and the model) belongs to no step. A step is closed only when the next one starts, so a
+second optimizer stepped later in the same iteration can still join it.
 
 The parts of a step:
 - data wait: time blocked in a loader's `next()`; without any loader, the time from the end of one step to
@@ -34,6 +35,7 @@ runner measures a few steps at another thread count) from `on_phase_end`.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +81,8 @@ class _Step:
     copies: list[tuple[Any, float]] | None = None  # (device timing, host seconds blocked) of each timed copy
     samples: int = 0  # from loader batches
     forward_samples: int = 0  # from the model's input, once per backward pass (loops without a loader)
+    inputs: list[weakref.ref[Any]] = field(default_factory=list)  # the inputs counted: a re-evaluation adds nothing
+    opening: bool = False  # the first step: it starts at its first input, not when instrumentation began
     syncs: int = 0
     first_ask: float | None = None
     first_forward: float | None = None
@@ -97,6 +101,7 @@ class _Step:
             self.copies = (self.copies or []) + later.copies
         self.samples += later.samples
         self.forward_samples += later.forward_samples
+        self.inputs += later.inputs
         self.syncs += later.syncs
         self.evaluated = self.evaluated or later.evaluated
         self.optimizers += later.optimizers
@@ -138,7 +143,7 @@ class Timeline:
         self.on_close: Callable[[bool], None] | None = None  # after each step closes: was it a measured one?
         self.phases = [_Phase(MEASURE, warmup_steps, max_steps)]
         self._phase: _Phase | None = self.phases[0]  # the first phase not done
-        self._cur = _Step(self.started)
+        self._cur = _Step(self.started, opening=True)
         self._pending: _Step | None = None
 
     # ---- called by the hooks: keep them lean, they run every step
@@ -158,8 +163,10 @@ class Timeline:
         self.batches += 1
         self._cur.evaluated = True
 
-    def forward(self, now: float, samples: int) -> None:
-        """A model's forward with gradients on (outside a loader's `next()`); `samples`: its input's leading dim."""
+    def forward(self, now: float, samples: int, batch: Any = None) -> None:
+        """A model's forward with gradients on (outside a loader's `next()`); `samples`: its input's leading dim,
+        `batch`: the input tensor itself, when it has one (an input already counted in this step, as a closure
+        re-evaluated by LBFGS's `step(closure)`, adds no samples)."""
         self.forwards += 1
         self.training_forwards += 1
         if not self.loader_fed:
@@ -168,8 +175,11 @@ class Timeline:
         if cur.first_forward is None:
             cur.first_forward = now
         if not cur.counted_forward:  # the first forward of each backward pass: micro-batches add up
-            cur.forward_samples += samples
             cur.counted_forward = True
+            if batch is None or not any(ref() is batch for ref in cur.inputs):
+                cur.forward_samples += samples
+                if batch is not None:  # weakly: a micro-batch freed since cannot match a new one at its address
+                    cur.inputs.append(weakref.ref(batch))
 
     def evaluation_forward(self) -> None:
         """A model's forward with gradients off: counted; several of them before the step's first training
@@ -307,13 +317,15 @@ class Timeline:
             self.evaluation_steps += 1
             return False
         first_input = step.first_ask if step.first_ask is not None else step.first_forward
-        gap = (max(0.0, first_input - step.start - step.gap_sync_wait - step.gap_transfer)
-               if first_input is not None else 0.0)
+        start = step.start
+        if step.opening and first_input is not None:  # not the script's start-up (imports, building the model)
+            start = max(start, first_input - step.gap_sync_wait - step.gap_transfer)
+        gap = max(0.0, first_input - start - step.gap_sync_wait - step.gap_transfer) if first_input is not None else 0.0
         # Without a loader, the time before the model's first forward is input preparation (data wait).
         wait, host = (step.wait, gap) if step.first_ask is not None or self.loader_fed else (step.wait + gap, 0.0)
         if step.copies:
             phase.copies[len(phase.rows)] = step.copies
-        phase.rows.append((step.end - self.started, step.end - step.start, wait, step.transfer, host,
+        phase.rows.append((step.end - self.started, step.end - start, wait, step.transfer, host,
                            step.samples or step.forward_samples, step.syncs))
         if phase.name == MEASURE:
             self.measure_ended_monotonic = step.end + self._to_monotonic

@@ -60,6 +60,26 @@ def test_intervals_make_borderline_runs_balanced(share: float, interval: tuple[f
     assert classify(f(wait=share), device="cpu", intervals=intervals).name == verdict
 
 
+def test_a_large_but_uncertain_part_is_named_not_called_balanced_silently() -> None:
+    """Host 98 % overall, but one step of three holds nearly all of it: the interval's low end is 0."""
+    intervals = {"data_wait": (0.0, 0.0), "transfer": (0.0, 0.0), "host": (0.0, 0.99)}
+    verdict = classify(f(host=0.98), device="cpu", intervals=intervals)
+    assert verdict.name == "balanced" and "no single part dominates" not in verdict.reason
+    assert "no part is the limit with confidence: host is 98% of the time overall, 0%-99%" in verdict.reason
+    assert "too uneven between steps" in verdict.reason and "--steps" in verdict.reason
+    border = classify(f(wait=0.25), device="cpu", intervals={"data_wait": (0.24, 0.27)})
+    assert border.name == "balanced" and "data wait is 25% of the time overall, 24%-27%" in border.reason
+    assert "close to the bar for the limit (25% of the step)" in border.reason
+
+
+def test_without_a_loader_the_wait_is_named_for_what_it_is() -> None:
+    """No DataLoader to time: the gap before each forward is batch preparation and whatever else runs there."""
+    verdict = classify(f(wait=0.36), device="cpu", loader_fed=False)
+    assert verdict.name == "input-bound" and "waits for the next batch" not in verdict.reason
+    assert "before each forward (no DataLoader to time" in verdict.reason and "EMA update" in verdict.reason
+    assert "waits for the next batch" in classify(f(wait=0.36), device="cpu").reason
+
+
 def test_reasons_carry_the_numbers_and_what_is_at_stake() -> None:
     reason = classify(f(wait=0.58), device="cpu").reason
     assert "58% of each step" in reason and "compute 42%" in reason and "up to 2.38x" in reason

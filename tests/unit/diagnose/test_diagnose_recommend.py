@@ -73,6 +73,34 @@ def test_cpu_threads_when_workers_and_threads_oversubscribe() -> None:
     assert "cpu_threads" not in ids(replace(e, device="cuda"))
 
 
+def test_no_thread_advice_that_changes_nothing() -> None:
+    """One intra-op thread already: two workers on two CPUs oversubscribe them, but 1 thread is the floor."""
+    e = evidence(loaders=(loader(num_workers=2),), cpus=2, threads=1)
+    assert "cpu_threads" not in ids(e)
+    starved = evidence(verdict="input-bound", fractions=Fractions(0.9, 0, 0, 0.1), loaders=(loader(),), cpus=2,
+                       threads=1)
+    rec = next(r for r in recommend(starved) if r.id == "num_workers")
+    assert "set_num_threads" not in rec.fix and "fewer intra-op threads" not in rec.why
+    assert "threads" not in rec.overrides
+
+
+def test_persistent_workers_needs_an_epoch_length_or_a_second_epoch() -> None:
+    """An IterableDataset has no len(): after one epoch nothing says what a restart costs against an epoch."""
+    once = evidence(loaders=(loader(num_workers=2, batches_per_epoch=None, startup_s=[2.0], batches=30),))
+    assert "persistent_workers" not in ids(once)
+    twice = evidence(loaders=(loader(num_workers=2, batches_per_epoch=None, startup_s=[2.0, 2.0], batches=40,
+                                     epochs=2),))
+    rec = next(r for r in recommend(twice) if r.id == "persistent_workers")
+    assert rec.expected_gain == pytest.approx(1 + 2.0 / (40 * 0.1))  # the seen epoch: at most 40 batches
+
+
+def test_in_memory_names_a_subset_of_tensors() -> None:
+    e = evidence(loaders=(loader(in_memory=True, num_workers=1, dataset="Subset of TensorDataset"),),
+                 fractions=INPUT_BOUND)
+    rec = next(r for r in recommend(e) if r.id == "in_memory")
+    assert "iterates a Subset of TensorDataset sample by sample" in rec.why and "num_workers" not in ids(e)
+
+
 @pytest.mark.parametrize(("overrides", "expected", "absent"), [
     ({"loaders": (loader(in_memory=True, num_workers=2),), "fractions": INPUT_BOUND}, "in_memory", "num_workers"),
     ({"device": "cuda", "loaders": (loader(),), "fractions": Fractions(0, 0.2, 0, 0.8)}, "pin_memory", None),

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from trainfast.diagnose import instrument as instrument_module
 from trainfast.diagnose import timeline as timeline_module
 from trainfast.diagnose.instrument import Instrumentation
 from trainfast.diagnose.models import batch_axis, root_modules
@@ -126,6 +127,24 @@ def test_without_a_loader_the_gap_before_the_first_forward_is_input(clock: list[
     assert record.total_s == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("loader_fed", [True, False])
+def test_the_first_step_starts_at_its_input_not_at_the_scripts_start_up(clock: list[float], loader_fed: bool) -> None:
+    """--warmup 0: imports and building the model before the loop are no step's host time or data wait."""
+    tl = Timeline(warmup_steps=0)
+    tick(clock, 1.5)  # the script's start-up
+    for _ in range(2):
+        if loader_fed:
+            fetch(tl, clock, 0.1)
+        tl.forward(tick(clock, 0.0), 8)
+        tick(clock, 0.3)
+        tl.backward()
+        tl.optimizer_step(D)
+    tl.finish()
+    first = tl.records[0]
+    assert first.host_s == 0 and first.total_s == pytest.approx(0.4 if loader_fed else 0.3)
+    assert first.wait_s == pytest.approx(0.1 if loader_fed else 0.0)
+
+
 def test_the_budget_stops_at_the_next_step_boundary(clock: list[float]) -> None:
     tl = Timeline(warmup_steps=0, max_steps=100)
     tl.deadline = 100.6
@@ -186,6 +205,59 @@ def test_hooks_find_the_model_without_a_loader_and_leave_nothing_behind() -> Non
     assert len(tl.records) == 3 and all(r.samples == 16 for r in tl.records[1:])
     assert model in root_modules() and model[0] not in root_modules()
     assert not model._forward_pre_hooks and torch.autograd.backward.__module__ == "torch.autograd"
+
+
+def test_a_closure_re_evaluated_by_lbfgs_counts_its_batch_once() -> None:
+    """`optimizer.step(closure)` runs forward and backward several times on the same batch: one step, 32 samples."""
+    model = nn.Linear(4, 2)
+    x, y = torch.randn(32, 4), torch.randint(0, 2, (32,))
+    optimizer = torch.optim.LBFGS(model.parameters(), max_iter=4)
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+    tl = Timeline(warmup_steps=1)
+    with Instrumentation(tl):
+        for _ in range(4):
+            optimizer.step(closure)
+    assert tl.training_forwards > 4 and tl.records and all(r.samples == 32 for r in tl.records)
+
+
+def test_micro_batches_made_fresh_each_pass_still_add_up() -> None:
+    """Gradient accumulation: a new batch per backward pass, maybe at a freed one's address: 2 x 16 samples."""
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tl = Timeline(warmup_steps=1)
+    with Instrumentation(tl):
+        for _ in range(4):
+            for _ in range(2):
+                x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+                nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert tl.records and all(r.samples == 32 for r in tl.records)
+
+
+def test_a_scan_before_any_model_exists_does_not_use_up_the_first_look(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `no_grad()` block (or a sync) while the data is built, before the model: found at the first backward."""
+    made: list[nn.Module] = []  # other tests' modules may still be alive: the scan sees this test's only
+    monkeypatch.setattr(instrument_module, "root_modules",
+                        lambda: [m for m in root_modules() if any(m is k for k in made)])
+    tl = Timeline(warmup_steps=1)
+    with Instrumentation(tl):
+        with torch.no_grad():  # before any module exists: the scan finds nothing
+            x, y = torch.randn(64, 4), torch.randint(0, 2, (64,))
+        model = nn.Linear(4, 2)
+        made.append(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(0, 64, 16):
+            nn.functional.cross_entropy(model(x[i:i + 16]), y[i:i + 16]).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    # the first forward precedes the first backward (the next trigger): only the second scan sees the model
+    assert model in root_modules() and tl.training_forwards == 3
 
 
 class TimeMajorLM(nn.Module):
