@@ -8,8 +8,12 @@ Variants (same model, data and steps as `trainfast demo --quick`), interleaved, 
   + bf16 autocast       ... and precision "auto": bf16-mixed where the CPU has native bf16, confirmed by an A/B
                         against fp32 on the first steps (everything auto: the demo's run)
   + compile auto        ... and compile="auto" (only with --compile: each run pays a compile)
+  thread workers        everything auto as "+ bf16 autocast", the training loader's worker a thread of the
+                        training process (backend="threads") instead of a process: what "auto" would gain by
+                        choosing threads here
 
     python benchmarks/demo_ablation.py --json demo_ablation.json
+    python benchmarks/demo_ablation.py --variants naive,"+ bf16 autocast","thread workers" --repeats 6
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None)
     parser.add_argument("--compile", action="store_true", help="add the compile='auto' variant")
+    parser.add_argument("--variants", default=None, help="comma-separated names to run (default: all; 'naive' "
+                                                         "is always run, the ratios are to it)")
     args = parser.parse_args()
     logging.getLogger("trainfast").setLevel(logging.WARNING)
     root = ensure_demo_dataset(QUICK.dataset, seed=QUICK.seed)
@@ -57,6 +63,14 @@ def main() -> None:
     if args.compile:
         variants["+ compile auto"] = variant("+ compile auto", lambda: run_trainfast(QUICK, root, per_epoch,
                                                                                      compile_model="auto"))
+    variants["thread workers"] = variant("thread workers", lambda: run_trainfast(QUICK, root, per_epoch,
+                                                                                 backend="threads"))
+    if args.variants:
+        wanted = {"naive", *(name.strip() for name in args.variants.split(","))}
+        unknown = wanted - set(variants)
+        if unknown:
+            parser.error(f"--variants: unknown {', '.join(sorted(unknown))}; choose from {', '.join(variants)}")
+        variants = {name: run for name, run in variants.items() if name in wanted}
     rates = interleave(variants, repeats=args.repeats, warmup=0)
     rows = []
     print(describe(hardware()))

@@ -19,6 +19,7 @@ from trainfast.data.models import build_model
 from trainfast.data.splits import open_split
 from trainfast.data.synthetic import ensure_demo_dataset
 from trainfast.loader.make import make_loader
+from trainfast.loader.options import Backend
 from trainfast.loader.seeding import seed_all
 from trainfast.trainer.config import TrainConfig
 from trainfast.trainer.loop import Trainer
@@ -44,13 +45,13 @@ FULL = DemoSpec(dataset="default", epochs=2)
 
 def run_trainfast(spec: DemoSpec, root: Path, batches_per_epoch: int, *, decode: str = "draft",
                   channels_last: bool | str = "auto", precision: str = "auto",
-                  compile_model: bool | str = False) -> RunStats:
-    """Everything auto; `decode`, `channels_last` and `precision` can be turned back, and compile on, to see what
-    each practice earns."""
+                  compile_model: bool | str = False, backend: Backend = "processes") -> RunStats:
+    """Everything auto; `decode`, `channels_last` and `precision` can be turned back, and compile on or the
+    training loader's workers made threads (`backend`), to see what each practice earns."""
     seed_all(spec.seed)
     model = build_model(spec.model, num_classes=10, image_size=spec.image_size)
     train = make_loader(open_split(root, "train", image_size=spec.image_size, decode=decode), spec.batch_size,
-                        seed=spec.seed)
+                        seed=spec.seed, backend=backend)
     val = make_loader(open_split(root, "val", image_size=spec.image_size, train=False), spec.batch_size,
                       shuffle=False)
     config = TrainConfig(epochs=spec.epochs, lr=spec.lr, weight_decay=spec.weight_decay, warmup_steps=spec.warmup_steps,
