@@ -1,14 +1,15 @@
 """How many samples a batch holds: the one rule used by the Trainer, the tuner and the doctor.
 
 A batch is whatever a loader yields: a tensor, `(inputs, targets)`, a Hugging Face style dict
-(`{"input_ids": ..., "attention_mask": ..., "labels": ...}`) or any nesting of tuples, lists and
-Mappings. Its samples are the leading dimension of its first tensor (or numpy array) leaf, found depth
-first, Mappings in their iteration (insertion) order. Other objects (strings, numbers, dataclasses) are
-not looked into.
+(`{"input_ids": ..., "attention_mask": ..., "labels": ...}`), a dataclass instance (a `collate_fn` returning
+`Batch(images=..., labels=...)`) or any nesting of tuples, lists, Mappings and dataclasses. Its samples are the
+leading dimension of its first tensor (or numpy array) leaf, found depth first, Mappings in their iteration
+(insertion) order, dataclasses in field order. Other objects (strings, numbers) are not looked into.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,8 +18,8 @@ import torch
 
 
 def first_leaf(batch: Any) -> torch.Tensor | np.ndarray | None:
-    """The first tensor (or numpy array) in a batch of tuples, lists and Mappings, depth first, Mappings in
-    order; None when it holds none."""
+    """The first tensor (or numpy array) in a batch of tuples, lists, Mappings and dataclasses, depth first,
+    Mappings and dataclass fields in order; None when it holds none."""
     if isinstance(batch, (torch.Tensor, np.ndarray)):
         return batch
     # called for every batch the doctor sees: tuples first, the (slow, ~0.3 us) Mapping ABC check last
@@ -26,6 +27,8 @@ def first_leaf(batch: Any) -> torch.Tensor | np.ndarray | None:
         children: Any = batch
     elif isinstance(batch, (dict, Mapping)):
         children = batch.values()
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        children = (getattr(batch, f.name, None) for f in dataclasses.fields(batch))
     else:
         return None
     for child in children:

@@ -98,6 +98,31 @@ def test_sys_exit_is_reported_with_its_code() -> None:
     assert report["steps_measured"] == 3  # 4 steps, 1 warm-up; its `except Exception` did not matter
 
 
+def test_sys_exit_with_a_message_prints_it_as_python_does(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "quits.py"
+    script.write_text("import sys, torch\nm = torch.nn.Linear(2, 1)\no = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                      "for i in range(4):\n    m(torch.randn(4, 2)).sum().backward()\n    o.step()\n"
+                      "sys.exit('no more data: stopping')\n")
+    run = run_doctor(str(script), steps=10, warmup=1)  # the script ends first
+    assert run.exit_code == 1 and "no more data: stopping" in capsys.readouterr().err
+
+
+def test_a_process_group_the_stopped_script_opened_is_closed(tmp_path: Path) -> None:
+    """Stopped mid-loop, the script never reaches destroy_process_group(): its port would stay bound (and
+    --verify's runs of the same script fail with EADDRINUSE)."""
+    script = tmp_path / "ddp.py"
+    script.write_text("import torch, torch.distributed as dist\n"
+                      "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:29581', rank=0, world_size=1)\n"
+                      "m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))\n"
+                      "o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                      "for i in range(1000):\n    m(torch.randn(4, 2)).sum().backward()\n    o.step()\n"
+                      "dist.destroy_process_group()\n")
+    for _ in range(2):  # the second run binds the same port
+        run = run_doctor(str(script), steps=3, warmup=1)
+        assert run.exit_code == 0 and run.report.to_json()["steps_measured"] == 3
+        assert not torch.distributed.is_initialized()
+
+
 def test_crash_reports_what_was_measured_then_the_error() -> None:
     report, run = doctor("crashes.py", warmup=1)
     assert run.exit_code == 1 and report["steps_measured"] == 3
@@ -141,6 +166,22 @@ def test_cli_doctor_bad_input(argv: list[str], message: str, capsys: pytest.Capt
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_cli_doctor_options_after_the_script_when_a_double_dash_ends_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "argv.py"
+    script.write_text((SCRIPTS / "crashes.py").read_text().replace(
+        'raise ValueError("the data ran out of unicorns")', "import sys; print('args', sys.argv[1:]); sys.exit(0)"))
+    out = tmp_path / "r.json"
+    assert main(["doctor", str(script), "--warmup", "1", "--json", str(out), "--", "--lr", "0.1"]) == 0
+    captured = capsys.readouterr()
+    assert "args ['--lr', '0.1']" in captured.out and out.is_file() and "warning" not in captured.err
+    assert json.loads(out.read_text())["warmup_steps"] == 1
+    assert main(["doctor", str(script), "--json", str(tmp_path / "s.json")]) == 0  # no --: all the script's
+    captured = capsys.readouterr()
+    assert f"args ['--json', '{tmp_path / 's.json'}']" in captured.out and not (tmp_path / "s.json").exists()
+    assert "warning: --json after the script go to the script" in captured.err
 
 
 def test_cli_doctor_module_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

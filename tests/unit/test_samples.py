@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict, UserDict
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,15 @@ import torch
 from trainfast.samples import batch_samples, first_leaf
 
 X8 = torch.zeros(8, 3)
+
+
+@dataclass
+class Batch:
+    """What a `collate_fn` may return instead of a tuple or dict."""
+
+    names: list[str]
+    images: torch.Tensor
+    labels: torch.Tensor
 
 
 @pytest.mark.parametrize(("batch", "expected"), [
@@ -26,6 +36,9 @@ X8 = torch.zeros(8, 3)
     pytest.param({"inputs": (torch.zeros(11, 1), torch.zeros(11)), "y": torch.zeros(1)}, 11, id="tuple in a dict"),
     pytest.param((["text"] * 3, {"ids": torch.zeros(3, 5)}), 3, id="strings before the first tensor are skipped"),
     pytest.param(({}, [], (), torch.zeros(12)), 12, id="empty containers are skipped"),
+    pytest.param(Batch(["a"] * 6, torch.zeros(6, 3, 4, 4), torch.zeros(6)), 6, id="dataclass: its fields in order"),
+    pytest.param({"batch": Batch([], torch.zeros(5, 1), torch.zeros(5))}, 5, id="dataclass in a dict"),
+    pytest.param(Batch, 1, id="a dataclass type is not a batch"),
     pytest.param(np.zeros((10, 2)), 10, id="numpy array"),
     pytest.param({"x": np.zeros(7)}, 7, id="numpy array in a dict"),
     pytest.param(torch.tensor(3.0), 1, id="0-dim tensor: the default"),

@@ -23,6 +23,7 @@ EXAMPLES = """examples:
   trainfast doctor --json report.json --html report.html train.py
   trainfast doctor --max-seconds 120 train.py        # stop the script after 2 minutes, report what it measured
   trainfast doctor --verify train.py -- data/        # re-run the script per fix: measured beside expected gain
+  trainfast doctor train.py --steps 50 -- --lr 0.1   # doctor options after SCRIPT too, when -- ends them
 
 The script runs unmodified, in this process, as __main__. A step is one training iteration: its optimizer
 step(s), or, where no optimizer steps, its backward pass(es).
@@ -72,8 +73,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("give a SCRIPT to run, or -m MODULE")
     else:
         target = args.target
-    if script_args and script_args[0] == "--":
-        script_args = script_args[1:]
+    script_args = _doctor_options_after_script(script_args, args, parser)
     if args.warmup < 0:
         parser.error(f"--warmup {args.warmup} is not valid; use 0 or more steps")
     if not args.module and not Path(target).is_file():
@@ -129,3 +129,33 @@ def _verify(report: Report, target: str, *, module: bool, script_args: list[str]
     for fix_id, gain in info["gains"].items():
         if gain["median"] is None:
             say(f"verify: {fix_id} not measured: {gain['error'] or 'no result'}")
+
+
+def _doctor_options_after_script(script_args: list[str], args: argparse.Namespace,
+                                 parser: argparse.ArgumentParser) -> list[str]:
+    """The script's arguments. `SCRIPT --json r.json -- --lr 1`: the doctor's options before the `--` are taken
+    (set on `args`) when they all are the doctor's; without a `--`, everything after SCRIPT is the script's, and
+    a doctor option among them gets a warning (the script may well have its own `--json`)."""
+    if "--" not in script_args:
+        options = _option_strings(parser)
+        known = [a.split("=")[0] for a in script_args if a.split("=")[0] in options]
+        if known:
+            print(f"trainfast doctor: warning: {', '.join(known)} after the script go to the script; put doctor "
+                  f"options before SCRIPT, or end them with -- (SCRIPT --steps 50 -- SCRIPT'S ARGS)", file=sys.stderr)
+        return script_args
+    cut = script_args.index("--")
+    leading, rest = script_args[:cut], script_args[cut + 1:]
+    if not leading:
+        return rest
+    given, unknown = parser.parse_known_args(leading)
+    if unknown or given.target is not None or given.script_args:
+        return script_args  # not all the doctor's: the script's, `--` included, as before
+    for action in parser._actions:
+        value = getattr(given, action.dest, action.default)
+        if action.dest not in ("help", "target", "script_args") and value != action.default:
+            setattr(args, action.dest, value)
+    return rest
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    return {option for action in parser._actions for option in action.option_strings}

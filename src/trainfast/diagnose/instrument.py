@@ -29,7 +29,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from time import perf_counter
 from typing import Any
 
@@ -100,7 +100,7 @@ def _cuda_destination(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.de
 
 
 def _batch_info(batch: Any) -> tuple[int, tuple[int, int] | None]:
-    """(bytes, (H, W) of a 4-D first tensor) of a batch of tensors nested in tuples/lists/dicts."""
+    """(bytes, (H, W) of a 4-D first tensor) of a batch of tensors nested in tuples/lists/dicts/dataclasses."""
     tensors: list[torch.Tensor] = []
 
     def walk(x: Any) -> None:
@@ -112,6 +112,9 @@ def _batch_info(batch: Any) -> tuple[int, tuple[int, int] | None]:
         elif isinstance(x, dict):
             for y in x.values():
                 walk(y)
+        elif is_dataclass(x) and not isinstance(x, type):
+            for f in fields(x):
+                walk(getattr(x, f.name, None))
 
     walk(batch)
     first = first_leaf(batch)
@@ -434,7 +437,7 @@ class Instrumentation:
             return
         timeline = self.timeline
         if not torch.is_grad_enabled():  # an evaluation pass
-            timeline.evaluation_forward()
+            timeline.evaluation_forward(perf_counter())
             return
         if not self.device_timer.settled:
             self._saw_model(module)

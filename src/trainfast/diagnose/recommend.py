@@ -8,7 +8,7 @@ the measurement cannot say (AMP, compile, channels_last) are named constants wit
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -356,3 +356,24 @@ def recommend(e: Evidence) -> list[Recommendation]:
     """Every rule that applies, largest expected gain first; fixes without an estimate come last."""
     found = [r for rule in RULES if (r := rule(e)) is not None]
     return sorted(found, key=lambda r: -(r.expected_gain or 0.0))
+
+
+# The fixes that act on the input side: an input-bound verdict with none of them says why
+INPUT_FIXES = frozenset({"num_workers", "in_memory", "pin_memory", "persistent_workers", "prefetch_factor",
+                         "shm_size", "decode_size", "copy_on_read"})
+
+
+def why_no_input_fix(e: Evidence, recommendations: Sequence[Recommendation]) -> str | None:
+    """For an input-bound step that no input-side fix addresses: what stands in the way, and what is left."""
+    if e.verdict != "input-bound" or INPUT_FIXES & {r.id for r in recommendations}:
+        return None
+    cheaper = ("make each batch cheaper to produce (decode at the size trained: Pillow's draft() or `trainfast "
+               "pack`; pre-process once instead of every epoch; augment on the device)")
+    loader = _main_loader(e)
+    if loader is None:
+        return (f"no input-side fix to propose: no DataLoader fed training, so the loop prepares its batches itself "
+                f"between steps; move that work into a DataLoader with workers, or {cheaper}")
+    if loader.num_workers >= e.cpus - (e.device == "cuda"):
+        return (f"no input-side fix to propose: loader #{loader.index} already runs {loader.num_workers} worker(s) "
+                f"on {e.cpus} usable CPU(s), so more workers would only share the same cores; {cheaper}")
+    return f"no input-side fix to propose from what was measured; {cheaper}"

@@ -16,7 +16,7 @@ from rich.table import Table
 from trainfast.diagnose.classify import Fractions, Verdict, classify, max_speedups, share_interval
 from trainfast.diagnose.evidence import Evidence, LoaderStats
 from trainfast.diagnose.instrument import Instrumentation, Observations
-from trainfast.diagnose.recommend import Recommendation, num_workers, recommend
+from trainfast.diagnose.recommend import Recommendation, num_workers, recommend, why_no_input_fix
 from trainfast.diagnose.timeline import StepRecord, Timeline
 from trainfast.dynamo import dynamo_counts
 from trainfast.host import available_cpus
@@ -97,8 +97,9 @@ def _no_verdict_reason(seen: dict[str, int], warmup: int) -> str:
               f"{seen.get('backwards', 0)} backward pass(es), {seen.get('optimizer_steps', 0)} optimizer step(s)")
     if not seen.get("backwards") and not seen.get("optimizer_steps"):
         return (f"no training step was seen: {counts}. A step is an optimizer.step() or, without an optimizer, a "
-                "backward pass: is the script training (not only evaluating), and does it reach its loop before "
-                "--max-seconds?")
+                "backward pass (loss.backward() or torch.autograd.backward): is the script training (not only "
+                "evaluating), and does it reach its loop before --max-seconds? Gradients taken with torch.func "
+                "(grad, vmap) or torch.autograd.grad, with no optimizer, are not seen as steps")
     return (f"fewer than {warmup + 1} steps ran (warm-up {warmup}): {counts}. Lower --warmup, raise --max-seconds, "
             "or give the script more steps")
 
@@ -248,6 +249,11 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
     if probe is not None and not any(r.id == "num_workers" for r in recommendations):
         notes.append(f"more loader workers would not pay here: the model step took {probe[1]:.2f}x as long with "
                      f"{probe[0]} intra-op thread(s), the count that would leave cores for them (measured)")
+    elif (unaddressed := why_no_input_fix(evidence, recommendations)) is not None:
+        notes.append(unaddressed)
+    if records and evidence.samples_per_s is None:
+        notes.append("samples/s unknown: no tensor with a batch dimension was found in the batches (tuples, lists, "
+                     "dicts and dataclasses are searched); the step times stand")
     return Report(
         verdict=verdict, fractions=fractions if records else None, steps=records, warmup_steps=timeline.warmup_steps,
         samples_per_s=evidence.samples_per_s, step_s=evidence.step_s if records else None,

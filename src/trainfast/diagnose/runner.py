@@ -19,6 +19,7 @@ compute-heavy step can take 1.8x as long on one thread, which turns "more worker
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import runpy
@@ -99,6 +100,7 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
                           if c.status in ("warn", "fail"))
 
     saved_argv, saved_path, saved_env = sys.argv[:], sys.path[:], dict(os.environ)
+    distributed_before = _process_group_up()
     exit_code, error = 0, None
     # An optimizer's constructor imports torch._dynamo, which keeps a table of Tensor's methods: imported while
     # our counting wrappers are in place, it would keep them (and the whole run) for the rest of the process.
@@ -130,6 +132,8 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             exit_code, outcome = code, f"the script called sys.exit({e.code!r})"
+            if e.code is not None and not isinstance(e.code, int):
+                print(e.code, file=sys.stderr)  # as Python prints sys.exit("message") on the way out
         except KeyboardInterrupt:
             exit_code, outcome = 130, "interrupted (Ctrl-C)"
         except Exception as e:
@@ -142,6 +146,8 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
             os.environ.clear()
             os.environ.update(saved_env)
             timeline.finish()
+            if not distributed_before:
+                _end_process_group()
         gc.collect()  # the unwound script's loaders (and their worker processes) go now, not at exit
     env = environment()
     env["checks"] = [*env.get("checks", []), *checks]
@@ -155,6 +161,18 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
                      "ended; the figures are less certain")
     report = build_report(timeline, inst, monitor=monitor, env=env, script=script, notes=notes, oom=oom)
     return DoctorRun(report=report, exit_code=exit_code, error=error)
+
+
+def _process_group_up() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _end_process_group() -> None:
+    """A process group the stopped script created (its `destroy_process_group()` never ran): end it, or its
+    rendezvous port stays bound and `--verify`'s runs of the script fail with EADDRINUSE."""
+    if _process_group_up():
+        with contextlib.suppress(Exception):  # a group already broken: nothing more to free
+            torch.distributed.destroy_process_group()
 
 
 def _model_device(observed: Observations) -> torch.device | None:

@@ -15,7 +15,8 @@ second optimizer stepped later in the same iteration can still join it.
 
 The parts of a step:
 - data wait: time blocked in a loader's `next()`; without any loader, the time from the end of one step to
-  the model's first forward (input preparation in the script: slicing a memmap, tokenising);
+  the model's first forward, a teacher's with gradients off included (input preparation in the script: slicing
+  a memmap, tokenising);
 - transfer: time blocked in host-to-device copies (`.to("cuda")`, `.cuda()`) the script makes. A copy timed on
   the device too (`transferred(..., copy=...)`, CUDA events) counts only up to its own device time once
   `correct_transfers` has read the events: a blocking copy first waits for the kernels queued before it, and
@@ -41,7 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MEASURE = "measure"
-# No-grad forwards before a step's first training forward that make it span an evaluation pass.
+# No-grad forwards before a step's first training forward, beyond what steps usually have (a distillation
+# teacher's forward every step), that make it span an evaluation pass.
 EVALUATION_FORWARDS = 3
 
 
@@ -86,6 +88,7 @@ class _Step:
     syncs: int = 0
     first_ask: float | None = None
     first_forward: float | None = None
+    first_no_grad: float | None = None  # no loader: the first forward with gradients off (a teacher) uses the input
     counted_forward: bool = False
     evaluated: bool = False
     evaluation_forwards: int = 0
@@ -104,6 +107,7 @@ class _Step:
         self.inputs += later.inputs
         self.syncs += later.syncs
         self.evaluated = self.evaluated or later.evaluated
+        self.evaluation_forwards += later.evaluation_forwards
         self.optimizers += later.optimizers
 
 
@@ -145,6 +149,7 @@ class Timeline:
         self._phase: _Phase | None = self.phases[0]  # the first phase not done
         self._cur = _Step(self.started, opening=True)
         self._pending: _Step | None = None
+        self._usual_no_grad: int | None = None  # the fewest no-grad forwards a step had before its training one
 
     # ---- called by the hooks: keep them lean, they run every step
     def fetched(self, asked: float, got: float, samples: int) -> None:
@@ -181,16 +186,17 @@ class Timeline:
                 if batch is not None:  # weakly: a micro-batch freed since cannot match a new one at its address
                     cur.inputs.append(weakref.ref(batch))
 
-    def evaluation_forward(self) -> None:
-        """A model's forward with gradients off: counted; several of them before the step's first training
-        forward are an evaluation pass (nanoGPT's estimate_loss), and the step is left out as with a loader.
-        One or two are not (a distillation teacher's forward in every step)."""
+    def evaluation_forward(self, now: float) -> None:
+        """A model's forward with gradients off: counted; `EVALUATION_FORWARDS` or more of them before the step's
+        first training forward, beyond the fewest any step had, are an evaluation pass (nanoGPT's estimate_loss),
+        and the step is left out as with a loader. Teachers' forwards in every step are not: they are compute,
+        and, without a loader, the first of them is where the step's input is first used."""
         self.forwards += 1
         cur = self._cur
         if cur.first_forward is None and not self.loader_fed:
             cur.evaluation_forwards += 1
-            if cur.evaluation_forwards >= EVALUATION_FORWARDS:
-                cur.evaluated = True
+            if cur.first_no_grad is None:
+                cur.first_no_grad = now
 
     def backward(self) -> None:
         self.backwards += 1
@@ -294,6 +300,8 @@ class Timeline:
         if phase is not None and phase.done:
             phase = self._phase = next((p for p in self.phases if not p.done), None)
         measured = self._measure(step, phase)
+        if self._usual_no_grad is None or step.evaluation_forwards < self._usual_no_grad:
+            self._usual_no_grad = step.evaluation_forwards
         if self.on_close is not None:
             self.on_close(measured and phase is not None and phase.name == MEASURE)
         if phase is not None and measured and phase.done:
@@ -313,10 +321,11 @@ class Timeline:
             return False
         if phase.name == MEASURE and self.measure_started_monotonic is None:
             self.measure_started_monotonic = time.monotonic()
-        if step.evaluated:
+        if step.evaluated or step.evaluation_forwards >= EVALUATION_FORWARDS + 2 * (self._usual_no_grad or 0):
             self.evaluation_steps += 1
             return False
-        first_input = step.first_ask if step.first_ask is not None else step.first_forward
+        first_input = step.first_ask if step.first_ask is not None else _earliest(step.first_forward,
+                                                                                  step.first_no_grad)
         start = step.start
         if step.opening and first_input is not None:  # not the script's start-up (imports, building the model)
             start = max(start, first_input - step.gap_sync_wait - step.gap_transfer)
@@ -387,3 +396,8 @@ class Timeline:
     def seen(self) -> dict[str, int]:
         return {"batches": self.batches, "forwards": self.forwards, "backwards": self.backwards,
                 "optimizer_steps": self.optimizer_steps}
+
+
+def _earliest(*times: float | None) -> float | None:
+    known = [t for t in times if t is not None]
+    return min(known) if known else None

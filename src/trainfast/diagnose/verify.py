@@ -262,7 +262,9 @@ def _run_child(label: str, overrides: Mapping[str, Any] | None, spec: dict[str, 
         lines = (result.get("error") or "").strip().splitlines() or [f"exit code {result.get('exit_code')}"]
         run["error"] = f"the script failed: {lines[-1]}"
     elif not run["samples_per_s"]:
-        run["error"] = f"nothing measured: {report.get('verdict_reason') or 'no training step'}"
+        run["error"] = ("its samples could not be counted (no tensor found in the batches), so runs cannot be "
+                        "compared by samples/s" if report.get("steps_measured") else
+                        f"nothing measured: {report.get('verdict_reason') or 'no training step'}")
     elif overrides and not _applied(overrides, loaders):
         run["error"] = (f"the overrides {dict(overrides)} did not reach a DataLoader the measured steps used "
                         f"(loaders: {loaders})")

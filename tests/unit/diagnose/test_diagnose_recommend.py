@@ -9,7 +9,7 @@ import pytest
 
 from trainfast.diagnose.classify import Fractions
 from trainfast.diagnose.evidence import Evidence, LoaderStats
-from trainfast.diagnose.recommend import recommend
+from trainfast.diagnose.recommend import recommend, why_no_input_fix
 
 
 def loader(**overrides: Any) -> LoaderStats:
@@ -207,3 +207,18 @@ def test_cpu_bf16_advice_says_cpu_autocast_and_its_assumed_gain() -> None:
     rec = next(r for r in recommend(e) if r.id == "amp")
     assert "torch.autocast('cpu', dtype=torch.bfloat16)" in rec.fix and "bf16 natively" in rec.why
     assert rec.expected_gain is not None and rec.expected_gain > 1.2
+
+
+def test_an_input_bound_step_with_no_input_fix_says_why() -> None:
+    """Two workers on two CPUs, still waiting: more workers would share the same cores."""
+    e = evidence(verdict="input-bound", fractions=Fractions(0.66, 0, 0.02, 0.32),
+                 loaders=(loader(num_workers=2, persistent_workers=True, batches_per_epoch=None),), cpus=2, threads=1)
+    recs = recommend(e)
+    assert not {"num_workers", "persistent_workers", "in_memory"} & {r.id for r in recs}
+    why = why_no_input_fix(e, recs)
+    assert why is not None and "already runs 2 worker(s) on 2 usable CPU(s)" in why and "trainfast pack" in why
+    no_loader = why_no_input_fix(replace(e, loaders=()), [])
+    assert no_loader is not None and "no DataLoader fed training" in no_loader
+    assert why_no_input_fix(replace(e, verdict="compute-bound"), recs) is None
+    fixed = evidence(verdict="input-bound", fractions=INPUT_BOUND, loaders=(loader(),), device="cuda")
+    assert why_no_input_fix(fixed, recommend(fixed)) is None  # num_workers addresses it

@@ -307,10 +307,31 @@ def test_an_evaluation_pass_between_steps_without_a_loader_is_left_out(clock: li
     for i in range(4):
         tick(clock, 0.1)
         for _ in range(eval_forwards if i == 2 else 0):
-            tl.evaluation_forward()
+            tl.evaluation_forward(clock[0])
         tl.forward(clock[0], 8)
         tick(clock, 0.2)
         tl.backward()
         tl.optimizer_step(D)
     tl.finish()
     assert len(tl.records) == measured and tl.evaluation_steps == 4 - measured
+
+
+@pytest.mark.parametrize("teachers", [1, 3, 5])
+def test_teachers_forwards_every_step_are_compute_not_an_evaluation_or_data_wait(clock: list[float],
+                                                                                  teachers: int) -> None:
+    """Distillation without a loader: slicing the batch takes 0.01 s, then `teachers` no-grad forwards of 0.1 s
+    each, then the student's step. Every step is a training step, and the teachers are compute."""
+    tl = Timeline(warmup_steps=1)
+    for i in range(6):
+        tick(clock, 0.01)  # the batch
+        for _ in range(teachers + (20 if i == 3 else 0)):  # step 3 also evaluates: 20 more no-grad forwards
+            tl.evaluation_forward(clock[0])
+            tick(clock, 0.1)
+        tl.forward(clock[0], 8)
+        tick(clock, 0.2)
+        tl.backward()
+        tl.optimizer_step(D)
+    tl.finish()
+    assert tl.evaluation_steps == 1 and len(tl.records) == 4
+    assert all(r.wait_s == pytest.approx(0.01) for r in tl.records)
+    assert all(r.compute_s == pytest.approx(0.1 * teachers + 0.2) for r in tl.records)
