@@ -83,6 +83,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.verify:
         _verify(result.report, target, module=bool(args.module), script_args=script_args, args=args)
     console = Console(stderr=False)
+    console.print()  # off the script's last line, which a progress bar may have left open ("\r", no newline)
     result.report.render(console)
     if args.json:
         write_json(args.json, result.report.to_json())

@@ -11,7 +11,8 @@ from torch.optim import optimizer as optimizer_module
 from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset, random_split
 
 from trainfast.diagnose import timeline as timeline_module
-from trainfast.diagnose.instrument import Instrumentation, describe_loader
+from trainfast.diagnose.instrument import Instrumentation
+from trainfast.diagnose.loaders import describe_loader
 from trainfast.diagnose.timeline import StopMeasuring, Timeline
 
 
