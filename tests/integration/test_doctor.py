@@ -182,6 +182,9 @@ def test_cli_doctor_options_after_the_script_when_a_double_dash_ends_them(
     captured = capsys.readouterr()
     assert f"args ['--json', '{tmp_path / 's.json'}']" in captured.out and not (tmp_path / "s.json").exists()
     assert "warning: --json after the script go to the script" in captured.err
+    assert main(["doctor", str(script), "--debug", "-m", "x", "--", "--lr", "1"]) == 0  # not only the doctor's
+    captured = capsys.readouterr()
+    assert "args ['--debug', '-m', 'x', '--', '--lr', '1']" in captured.out and "warning" not in captured.err
 
 
 def test_cli_doctor_module_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

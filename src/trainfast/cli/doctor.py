@@ -149,14 +149,19 @@ def _doctor_options_after_script(script_args: list[str], args: argparse.Namespac
     if not leading:
         return rest
     given, unknown = parser.parse_known_args(leading)
-    if unknown or given.target is not None or given.script_args:
+    changed = {a.dest: getattr(given, a.dest) for a in parser._actions
+               if getattr(given, a.dest, a.default) not in (a.default, [])}  # [] : no script arguments
+    if unknown or set(changed) - MEASURING:
         return script_args  # not all the doctor's: the script's, `--` included, as before
-    for action in parser._actions:
-        value = getattr(given, action.dest, action.default)
-        if action.dest not in ("help", "target", "script_args") and value != action.default:
-            setattr(args, action.dest, value)
+    for dest, value in changed.items():
+        setattr(args, dest, value)
     return rest
 
 
+# The doctor's own options that may also come after SCRIPT (before a `--`); -m, -q and --debug may not (a script's
+# --debug is its own)
+MEASURING = frozenset({"steps", "warmup", "max_seconds", "verify", "verify_repeats", "json", "html"})
+
+
 def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
-    return {option for action in parser._actions for option in action.option_strings}
+    return {option for action in parser._actions if action.dest in MEASURING for option in action.option_strings}
