@@ -4,7 +4,9 @@ A batch is whatever a loader yields: a tensor, `(inputs, targets)`, a Hugging Fa
 (`{"input_ids": ..., "attention_mask": ..., "labels": ...}`), a dataclass instance (a `collate_fn` returning
 `Batch(images=..., labels=...)`) or any nesting of tuples, lists, Mappings and dataclasses. Its samples are the
 leading dimension of its first tensor (or numpy array) leaf, found depth first, Mappings in their iteration
-(insertion) order, dataclasses in field order. Other objects (strings, numbers) are not looked into.
+(insertion) order, dataclasses in field order. Other objects (strings, numbers) are not looked into. One
+exception: a list of same-rank tensors that differ in their first dimension only (point clouds, variable-length
+sequences left unpadded) is one sample per tensor, so the list's length is the count.
 """
 
 from __future__ import annotations
@@ -40,12 +42,51 @@ def first_leaf(batch: Any) -> torch.Tensor | np.ndarray | None:
 
 def batch_samples(batch: Any, default: int = 1) -> int:
     """Samples in a batch: the leading dimension of its first tensor leaf (`(x, y)`, `{"input_ids": ...}`,
-    nested ones alike); `default` when it holds no tensor, or its first one is 0-dimensional."""
+    nested ones alike), or the length of a ragged list of tensors holding it; `default` when it holds no tensor,
+    or its first one is 0-dimensional."""
     if type(batch) in (tuple, list) and batch and type(batch[0]) is torch.Tensor:  # most batches: 4x faster
+        if _ragged(batch):
+            return len(batch)
         leaf: torch.Tensor | np.ndarray | None = batch[0]
     else:
+        ragged = _first_ragged(batch)
+        if ragged is not None:
+            return ragged
         leaf = first_leaf(batch)
     if leaf is None:
         return default
     shape = leaf.shape
     return int(shape[0]) if len(shape) else default
+
+
+def _ragged(items: Any) -> bool:
+    """A list of 2+ tensors of one rank whose shapes differ in the first dimension only: one sample each. (A
+    `(x, lengths)` pair has two ranks; `(x, y)` from `default_collate` shares the first dimension.)"""
+    if not isinstance(items, list) or len(items) < 2 or not isinstance(items[0], torch.Tensor):
+        return False
+    first = items[0]
+    if first.ndim == 0 or not all(isinstance(t, torch.Tensor) and t.ndim == first.ndim
+                                  and t.shape[1:] == first.shape[1:] for t in items):
+        return False
+    return any(t.shape[0] != first.shape[0] for t in items)
+
+
+def _first_ragged(batch: Any) -> int | None:
+    """The length of the ragged list that holds the batch's first tensor leaf, if it is in one (depth first, as
+    `first_leaf`)."""
+    if isinstance(batch, (torch.Tensor, np.ndarray)):
+        return None
+    if _ragged(batch):
+        return len(batch)
+    if isinstance(batch, (tuple, list)):
+        children: Any = batch
+    elif isinstance(batch, (dict, Mapping)):
+        children = batch.values()
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        children = (getattr(batch, f.name, None) for f in dataclasses.fields(batch))
+    else:
+        return None
+    for child in children:
+        if first_leaf(child) is not None:
+            return _first_ragged(child)
+    return None

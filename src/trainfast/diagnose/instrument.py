@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -133,7 +134,10 @@ class _TimedIterator:
             stats.evaluation_batches += 1
             inst.timeline.evaluation_fetch()
             return batch
-        inst.timeline.fetched(asked, got, batch_samples(batch, stats.batch_size or 0))
+        samples = batch_samples(batch, stats.batch_size or 0)
+        if stats.batch_size and samples > stats.batch_size:  # not a batch dimension (a first tensor of points)
+            samples = stats.batch_size
+        inst.timeline.fetched(asked, got, samples)
         if not inst.device_timer.settled:
             inst.saw_batch(batch)
         if inst.events is not None and inst.timeline.in_measured_step:
@@ -169,6 +173,7 @@ class Instrumentation:
         self._keep_alive: list[Any] = []  # loaders described: their id() must stay unique while measuring
         self._undo: list[Callable[[], None]] = []
         self._roots: dict[int, int] = {}  # id of each root module -> where the batch is in its input
+        self._root_refs: weakref.WeakValueDictionary[int, nn.Module] = weakref.WeakValueDictionary()
         self._discovered_on: set[str] = set()
         self._empty_scans = 0  # first scans that found no model yet (a trigger before it was built)
         self.scanning = True  # until the second scan (when the first step closes): hot paths skip discover()
@@ -340,10 +345,12 @@ class Instrumentation:
         started = perf_counter()
         # A module found the first time that is now inside a model drops out: its model is the root.
         self._roots.clear()
+        self._root_refs.clear()
         for module in root_modules():
             if isinstance(module, torch.jit.ScriptModule):  # its __call__ is TorchScript's
                 continue
             self._roots[id(module)] = batch_axis(module)
+            self._root_refs[id(module)] = module
             self._watch_calls(type(module))
         if not self._roots and trigger != "step" and self._empty_scans < MAX_EMPTY_SCANS:
             self._empty_scans += 1  # no model exists yet: the next trigger scans again
@@ -488,7 +495,11 @@ class Instrumentation:
         self._model_on(params[0].device)
         observed.threads = torch.get_num_threads()
         observed.parameters = sum(p.numel() for p in params)
-        convs = [p for p in params if p.dim() == 4 and math.prod(p.shape[2:]) > 1]
+        # the convolutions of the models this optimizer trains, frozen ones too: channels_last speeds them all up
+        stepped = {id(p) for p in params}
+        models = [m for m in self._root_refs.values() if any(id(p) in stepped for p in m.parameters())]
+        weights = [p for m in models for p in m.parameters()] if models else params
+        convs = [p for p in weights if p.dim() == 4 and math.prod(p.shape[2:]) > 1]
         observed.conv_weights = len(convs)
         observed.conv_weights_channels_last = sum(
             1 for p in convs if p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous())

@@ -134,3 +134,36 @@ def test_a_random_split_of_tensors_is_in_memory() -> None:
     assert [(s.dataset, s.in_memory) for s in stats] == [("Subset of TensorDataset", True), ("ConcatDataset", True)]
     images = describe_loader(DataLoader(Subset(list(range(8)), [0, 1]), batch_size=2), 0)
     assert (images.dataset, images.in_memory) == ("Subset of list", False)
+
+
+def test_frozen_convolutions_still_count_for_the_memory_format_advice() -> None:
+    """Fine-tuning a head on a frozen conv backbone: the optimizer holds the head only, but every convolution runs
+    (and gains from channels_last)."""
+    backbone = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3),
+                                   torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten()).requires_grad_(False)
+    model = torch.nn.Sequential(backbone, torch.nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model[1].parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(32, 3, 8, 8), torch.randint(0, 2, (32,)))
+    with Instrumentation(Timeline(warmup_steps=1)) as inst:
+        for x, y in DataLoader(data, batch_size=8):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert inst.observed.conv_weights == 2 and inst.observed.parameters == 8 * 2 + 2
+
+
+def test_a_batch_of_point_clouds_is_counted_per_cloud() -> None:
+    """A collate that returns (list of (N_i, 3) clouds, labels): 4 samples per batch, not the first cloud's N."""
+    clouds = [torch.randn(50 + 7 * i, 3) for i in range(16)]
+    data = list(zip(clouds, torch.randint(0, 2, (16,)).tolist(), strict=True))
+    loader = DataLoader(data, batch_size=4, collate_fn=lambda b: ([c for c, _ in b], torch.tensor([y for _, y in b])))
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tl = Timeline(warmup_steps=1)
+    with Instrumentation(tl):
+        for points, labels in loader:
+            logits = torch.stack([model(p).mean(0) for p in points])
+            torch.nn.functional.cross_entropy(logits, labels).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert tl.records and all(r.samples == 4 for r in tl.records)
