@@ -12,7 +12,7 @@ sequences left unpadded) is one sample per tensor, so the list's length is the c
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -24,20 +24,23 @@ def first_leaf(batch: Any) -> torch.Tensor | np.ndarray | None:
     Mappings and dataclass fields in order; None when it holds none."""
     if isinstance(batch, (torch.Tensor, np.ndarray)):
         return batch
-    # called for every batch the doctor sees: tuples first, the (slow, ~0.3 us) Mapping ABC check last
-    if isinstance(batch, (tuple, list)):
-        children: Any = batch
-    elif isinstance(batch, (dict, Mapping)):
-        children = batch.values()
-    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        children = (getattr(batch, f.name, None) for f in dataclasses.fields(batch))
-    else:
-        return None
-    for child in children:
+    for child in _children(batch):
         leaf = first_leaf(child)
         if leaf is not None:
             return leaf
     return None
+
+
+def _children(batch: Any) -> Iterable[Any]:
+    """What a batch container holds, in order; nothing for anything else."""
+    # called for every batch the doctor sees: tuples first, the (slow, ~0.3 us) Mapping ABC check last
+    if isinstance(batch, (tuple, list)):
+        return batch
+    if isinstance(batch, (dict, Mapping)):
+        return batch.values()
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return (getattr(batch, f.name, None) for f in dataclasses.fields(batch))
+    return ()
 
 
 def batch_samples(batch: Any, default: int = 1) -> int:
@@ -78,15 +81,7 @@ def _first_ragged(batch: Any) -> int | None:
         return None
     if _ragged(batch):
         return len(batch)
-    if isinstance(batch, (tuple, list)):
-        children: Any = batch
-    elif isinstance(batch, (dict, Mapping)):
-        children = batch.values()
-    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        children = (getattr(batch, f.name, None) for f in dataclasses.fields(batch))
-    else:
-        return None
-    for child in children:
+    for child in _children(batch):
         if first_leaf(child) is not None:
             return _first_ragged(child)
     return None
