@@ -35,6 +35,8 @@ runner measures a few steps at another thread count) from `on_phase_end`.
 
 from __future__ import annotations
 
+import collections
+import statistics
 import time
 import weakref
 from collections.abc import Callable
@@ -43,8 +45,10 @@ from typing import Any
 
 MEASURE = "measure"
 # No-grad forwards before a step's first training forward, beyond what steps usually have (a distillation
-# teacher's forward every step), that make it span an evaluation pass.
+# teacher's forward every step, an RL loop's action choices), that make it span an evaluation pass.
 EVALUATION_FORWARDS = 3
+# Steps whose no-grad forwards make "usual" (their median): evaluation passes are rare bursts among them.
+USUAL_OVER_STEPS = 100
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,8 @@ class Timeline:
         self._phase: _Phase | None = self.phases[0]  # the first phase not done
         self._cur = _Step(self.started, opening=True)
         self._pending: _Step | None = None
-        self._usual_no_grad: int | None = None  # the fewest no-grad forwards a step had before its training one
+        # no-grad forwards before the training one, of the last steps: their median is what a step usually has
+        self._no_grad_counts: collections.deque[int] = collections.deque(maxlen=USUAL_OVER_STEPS)
 
     # ---- called by the hooks: keep them lean, they run every step
     def fetched(self, asked: float, got: float, samples: int) -> None:
@@ -188,9 +193,10 @@ class Timeline:
 
     def evaluation_forward(self, now: float) -> None:
         """A model's forward with gradients off: counted; `EVALUATION_FORWARDS` or more of them before the step's
-        first training forward, beyond the fewest any step had, are an evaluation pass (nanoGPT's estimate_loss),
-        and the step is left out as with a loader. Teachers' forwards in every step are not: they are compute,
-        and, without a loader, the first of them is where the step's input is first used."""
+        first training forward, beyond twice the median of recent steps', are an evaluation pass (nanoGPT's
+        estimate_loss), and the step is left out as with a loader. A teacher's forwards in every step, or an RL
+        loop's action choices, are not: they are compute, and, without a loader, the first of them is where the
+        step's input is first used."""
         self.forwards += 1
         cur = self._cur
         if cur.first_forward is None and not self.loader_fed:
@@ -300,8 +306,7 @@ class Timeline:
         if phase is not None and phase.done:
             phase = self._phase = next((p for p in self.phases if not p.done), None)
         measured = self._measure(step, phase)
-        if self._usual_no_grad is None or step.evaluation_forwards < self._usual_no_grad:
-            self._usual_no_grad = step.evaluation_forwards
+        self._no_grad_counts.append(step.evaluation_forwards)
         if self.on_close is not None:
             self.on_close(measured and phase is not None and phase.name == MEASURE)
         if phase is not None and measured and phase.done:
@@ -321,7 +326,8 @@ class Timeline:
             return False
         if phase.name == MEASURE and self.measure_started_monotonic is None:
             self.measure_started_monotonic = time.monotonic()
-        if step.evaluated or step.evaluation_forwards >= EVALUATION_FORWARDS + 2 * (self._usual_no_grad or 0):
+        usual = statistics.median_low(self._no_grad_counts) if self._no_grad_counts else 0
+        if step.evaluated or step.evaluation_forwards >= EVALUATION_FORWARDS + 2 * usual:
             self.evaluation_steps += 1
             return False
         first_input = step.first_ask if step.first_ask is not None else _earliest(step.first_forward,

@@ -335,3 +335,21 @@ def test_teachers_forwards_every_step_are_compute_not_an_evaluation_or_data_wait
     assert tl.evaluation_steps == 1 and len(tl.records) == 4
     assert all(r.wait_s == pytest.approx(0.01) for r in tl.records)
     assert all(r.compute_s == pytest.approx(0.1 * teachers + 0.2) for r in tl.records)
+
+
+def test_an_rl_loops_action_choices_are_not_evaluations(clock: list[float]) -> None:
+    """A DQN: 0-4 greedy action forwards (no grad) before each update, varying with exploration; one step also
+    evaluates (40 forwards). Only that one is left out: the usual count is the median, not the fewest."""
+    tl = Timeline(warmup_steps=1)  # (a first step has no usual count to go by)
+    counts = [4, 4, 3, 0, 4, 4, 3, 4, 40, 4, 0, 4]
+    for n in counts:
+        tick(clock, 0.01)
+        for _ in range(n):
+            tl.evaluation_forward(clock[0])
+            tick(clock, 0.001)
+        tl.forward(clock[0], 32)
+        tick(clock, 0.02)
+        tl.backward()
+        tl.optimizer_step(D)
+    tl.finish()
+    assert tl.evaluation_steps == 1 and len(tl.records) == len(counts) - 2
