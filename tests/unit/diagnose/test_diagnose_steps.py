@@ -36,6 +36,20 @@ def fetch(tl: Timeline, clock: list[float], wait: float, samples: int = 8) -> No
     tl.fetched(asked, tick(clock, wait), samples)
 
 
+def step_without_a_loader(tl: Timeline, clock: list[float], *, batch_s: float, no_grad: int, no_grad_s: float,
+                          samples: int, step_s: float) -> None:
+    """One iteration of a loop with no loader: prepare the batch, `no_grad` forwards with gradients off (teachers,
+    action choices, an evaluation), then the training forward, backward and optimizer step."""
+    tick(clock, batch_s)
+    for _ in range(no_grad):
+        tl.evaluation_forward(clock[0])
+        tick(clock, no_grad_s)
+    tl.forward(clock[0], samples)
+    tick(clock, step_s)
+    tl.backward()
+    tl.optimizer_step(D)
+
+
 def test_two_optimizers_per_batch_are_one_step(clock: list[float]) -> None:
     """A GAN: D steps, then G steps, then the next batch: one step, ending at G's step."""
     tl = Timeline(warmup_steps=0)
@@ -305,13 +319,8 @@ def test_an_evaluation_pass_between_steps_without_a_loader_is_left_out(clock: li
     no-grad forward in every step is not an evaluation pass."""
     tl = Timeline(warmup_steps=0)
     for i in range(4):
-        tick(clock, 0.1)
-        for _ in range(eval_forwards if i == 2 else 0):
-            tl.evaluation_forward(clock[0])
-        tl.forward(clock[0], 8)
-        tick(clock, 0.2)
-        tl.backward()
-        tl.optimizer_step(D)
+        step_without_a_loader(tl, clock, batch_s=0.1, no_grad=eval_forwards if i == 2 else 0, no_grad_s=0.0,
+                              samples=8, step_s=0.2)
     tl.finish()
     assert len(tl.records) == measured and tl.evaluation_steps == 4 - measured
 
@@ -322,15 +331,9 @@ def test_teachers_forwards_every_step_are_compute_not_an_evaluation_or_data_wait
     """Distillation without a loader: slicing the batch takes 0.01 s, then `teachers` no-grad forwards of 0.1 s
     each, then the student's step. Every step is a training step, and the teachers are compute."""
     tl = Timeline(warmup_steps=1)
-    for i in range(6):
-        tick(clock, 0.01)  # the batch
-        for _ in range(teachers + (20 if i == 3 else 0)):  # step 3 also evaluates: 20 more no-grad forwards
-            tl.evaluation_forward(clock[0])
-            tick(clock, 0.1)
-        tl.forward(clock[0], 8)
-        tick(clock, 0.2)
-        tl.backward()
-        tl.optimizer_step(D)
+    for i in range(6):  # step 3 also evaluates: 20 more no-grad forwards
+        step_without_a_loader(tl, clock, batch_s=0.01, no_grad=teachers + (20 if i == 3 else 0), no_grad_s=0.1,
+                              samples=8, step_s=0.2)
     tl.finish()
     assert tl.evaluation_steps == 1 and len(tl.records) == 4
     assert all(r.wait_s == pytest.approx(0.01) for r in tl.records)
@@ -343,13 +346,6 @@ def test_an_rl_loops_action_choices_are_not_evaluations(clock: list[float]) -> N
     tl = Timeline(warmup_steps=1)  # (a first step has no usual count to go by)
     counts = [4, 4, 3, 0, 4, 4, 3, 4, 40, 4, 0, 4]
     for n in counts:
-        tick(clock, 0.01)
-        for _ in range(n):
-            tl.evaluation_forward(clock[0])
-            tick(clock, 0.001)
-        tl.forward(clock[0], 32)
-        tick(clock, 0.02)
-        tl.backward()
-        tl.optimizer_step(D)
+        step_without_a_loader(tl, clock, batch_s=0.01, no_grad=n, no_grad_s=0.001, samples=32, step_s=0.02)
     tl.finish()
     assert tl.evaluation_steps == 1 and len(tl.records) == len(counts) - 2
