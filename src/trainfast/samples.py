@@ -22,13 +22,20 @@ import torch
 def first_leaf(batch: Any) -> torch.Tensor | np.ndarray | None:
     """The first tensor (or numpy array) in a batch of tuples, lists, Mappings and dataclasses, depth first,
     Mappings and dataclass fields in order; None when it holds none."""
+    return _first(batch)[0]
+
+
+def _first(batch: Any) -> tuple[torch.Tensor | np.ndarray | None, int | None]:
+    """The first leaf, and the length of the ragged list of tensors holding it, if it is in one: one walk."""
     if isinstance(batch, (torch.Tensor, np.ndarray)):
-        return batch
+        return batch, None
+    if _ragged(batch):
+        return batch[0], len(batch)
     for child in _children(batch):
-        leaf = first_leaf(child)
+        leaf, ragged = _first(child)
         if leaf is not None:
-            return leaf
-    return None
+            return leaf, ragged
+    return None, None
 
 
 def _children(batch: Any) -> Iterable[Any]:
@@ -52,10 +59,9 @@ def batch_samples(batch: Any, default: int = 1) -> int:
             return len(batch)
         leaf: torch.Tensor | np.ndarray | None = batch[0]
     else:
-        ragged = _first_ragged(batch)
+        leaf, ragged = _first(batch)
         if ragged is not None:
             return ragged
-        leaf = first_leaf(batch)
     if leaf is None:
         return default
     shape = leaf.shape
@@ -72,16 +78,3 @@ def _ragged(items: Any) -> bool:
                                   and t.shape[1:] == first.shape[1:] for t in items):
         return False
     return any(t.shape[0] != first.shape[0] for t in items)
-
-
-def _first_ragged(batch: Any) -> int | None:
-    """The length of the ragged list that holds the batch's first tensor leaf, if it is in one (depth first, as
-    `first_leaf`)."""
-    if isinstance(batch, (torch.Tensor, np.ndarray)):
-        return None
-    if _ragged(batch):
-        return len(batch)
-    for child in _children(batch):
-        if first_leaf(child) is not None:
-            return _first_ragged(child)
-    return None
