@@ -73,7 +73,9 @@ def _ragged(items: Any) -> bool:
     `(x, lengths)` pair has two ranks; `(x, y)` from `default_collate` shares the first dimension.)"""
     if not isinstance(items, list) or len(items) < 2 or not isinstance(items[0], torch.Tensor):
         return False
-    first = items[0]
+    first, second = items[0], items[1]
+    if not isinstance(second, torch.Tensor) or second.ndim != first.ndim:  # (x, y) as default_collate gives it
+        return False
     if first.ndim == 0 or not all(isinstance(t, torch.Tensor) and t.ndim == first.ndim
                                   and t.shape[1:] == first.shape[1:] for t in items):
         return False

@@ -45,6 +45,8 @@ class Batch:
     pytest.param([torch.zeros(35, 20), torch.zeros(20)], 35, id="(x, lengths): two ranks, not ragged"),
     pytest.param([torch.zeros(8, 3), torch.zeros(8, 3)], 8, id="same shapes: a batch dimension"),
     pytest.param([torch.zeros(8, 3), torch.zeros(6, 4)], 8, id="other trailing dims: not one kind of sample"),
+    pytest.param([torch.zeros(5, 3), torch.zeros(9, 3), torch.zeros(4)], 5, id="a later tensor of another rank"),
+    pytest.param([torch.zeros(5, 3), "label"], 5, id="a tensor and a string: not ragged"),
     pytest.param(np.zeros((10, 2)), 10, id="numpy array"),
     pytest.param({"x": np.zeros(7)}, 7, id="numpy array in a dict"),
     pytest.param(torch.tensor(3.0), 1, id="0-dim tensor: the default"),

@@ -87,7 +87,7 @@ class _Step:
     copies: list[tuple[Any, float]] | None = None  # (device timing, host seconds blocked) of each timed copy
     samples: int = 0  # from loader batches
     forward_samples: int = 0  # from the model's input, once per backward pass (loops without a loader)
-    inputs: list[weakref.ref[Any]] = field(default_factory=list)  # the inputs counted: a re-evaluation adds nothing
+    inputs: tuple[weakref.ref[Any], ...] = ()  # the inputs counted: a re-evaluation adds nothing
     opening: bool = False  # the first step: it starts at its first input, not when instrumentation began
     syncs: int = 0
     first_ask: float | None = None
@@ -189,7 +189,7 @@ class Timeline:
             if batch is None or not any(ref() is batch for ref in cur.inputs):
                 cur.forward_samples += samples
                 if batch is not None:  # weakly: a micro-batch freed since cannot match a new one at its address
-                    cur.inputs.append(weakref.ref(batch))
+                    cur.inputs += (weakref.ref(batch),)
 
     def evaluation_forward(self, now: float) -> None:
         """A model's forward with gradients off: counted; `EVALUATION_FORWARDS` or more of them before the step's
@@ -326,8 +326,7 @@ class Timeline:
             return False
         if phase.name == MEASURE and self.measure_started_monotonic is None:
             self.measure_started_monotonic = time.monotonic()
-        usual = statistics.median_low(self._no_grad_counts) if self._no_grad_counts else 0
-        if step.evaluated or step.evaluation_forwards >= EVALUATION_FORWARDS + 2 * usual:
+        if step.evaluated or self._spans_evaluation(step.evaluation_forwards):
             self.evaluation_steps += 1
             return False
         first_input = step.first_ask if step.first_ask is not None else _earliest(step.first_forward,
@@ -345,6 +344,13 @@ class Timeline:
         if phase.name == MEASURE:
             self.measure_ended_monotonic = step.end + self._to_monotonic
         return True
+
+    def _spans_evaluation(self, no_grad_forwards: int) -> bool:
+        """A step's no-grad forwards before its training forward are an evaluation pass (module doc)."""
+        if no_grad_forwards < EVALUATION_FORWARDS:  # most steps: no median to take (it costs ~1.3 us)
+            return False
+        usual = statistics.median_low(self._no_grad_counts) if self._no_grad_counts else 0
+        return no_grad_forwards >= EVALUATION_FORWARDS + 2 * usual
 
     # ---- read when reporting
     def correct_transfers(self, device_seconds: Callable[[Any], float]) -> None:
