@@ -65,8 +65,15 @@ def test_following_the_num_workers_fix_raises_throughput(tiny_images: Path) -> N
     after, _ = doctor("before_loop.py", str(tiny_images / "train"), "--workers", workers, "--threads", threads,
                       "--persistent-workers", steps=20)
     assert after["loaders"][0]["num_workers"] == int(workers)
-    assert after["data_wait_fraction"] < before["data_wait_fraction"]
     assert after["samples_per_s"] > 1.2 * before["samples_per_s"]
+    # Two workers on two cores still leave the loader the limit: the share of time waiting stays ~0.85-0.93 in
+    # both runs and its order is noise (0.76 -> 0.85 seen). The wait per sample is what the fix cuts: measured
+    # 2.2-2.9 -> 1.3-1.4 ms.
+    assert wait_per_sample(after) < wait_per_sample(before)
+
+
+def wait_per_sample(report: dict) -> float:
+    return report["data_wait_fraction"] / report["samples_per_s"]
 
 
 def test_heavy_model_on_in_memory_tensors_is_compute_bound() -> None:
