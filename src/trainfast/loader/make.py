@@ -137,7 +137,16 @@ class Loader(EpochLoader):
         for iterator in (it, persistent):
             shutdown = getattr(iterator, "_shutdown_workers", None)
             if shutdown is not None:
-                shutdown()
+                try:
+                    shutdown()
+                except RuntimeError as error:  # a worker died while stopping: nothing it owed is lost
+                    if not str(error).startswith("DataLoader worker"):
+                        raise
+                    log.warning("make_loader: a worker died while the workers were stopped (%s); its batches "
+                                "were no longer wanted, so this is only reported", error)
+                    for queue in getattr(iterator, "_index_queues", ()):  # torch's shutdown stopped before this
+                        queue.cancel_join_thread()
+                        queue.close()
             for worker in getattr(iterator, "_workers", ()):
                 if worker.is_alive():  # hung, and deaf to torch's SIGTERM: workers ignore stop signals in fit
                     worker.kill()

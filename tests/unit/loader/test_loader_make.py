@@ -107,6 +107,44 @@ def test_close_stops_persistent_workers_and_iterating_again_restarts_them() -> N
         loader.close()
 
 
+class _Queue:
+    def __init__(self) -> None:
+        self.closed = False
+
+    def cancel_join_thread(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _StoppingIterator:
+    """A worker iterator whose shutdown is interrupted, as torch's is when a worker dies while it stops."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+        self._index_queues = [_Queue(), _Queue()]
+        self._workers: list[Any] = []
+
+    def _shutdown_workers(self) -> None:
+        raise RuntimeError(self.error)
+
+
+def test_a_worker_dying_while_the_workers_stop_is_reported_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    # Seen with 'spawn' workers stopped while making the next epoch's batches: "terminate called without an active
+    # exception" in the worker, then torch's SIGCHLD handler raised out of close() and left its queues open.
+    loader = make_loader(Draws(), 4, workers=0, device="cpu")
+    stopping = _StoppingIterator("DataLoader worker (pid 4291) is killed by signal: Aborted. ")
+    loader.dataloader._iterator = stopping  # type: ignore[assignment]
+    with caplog.at_level(logging.WARNING, logger="trainfast"):
+        loader.close()
+    assert "a worker died while the workers were stopped (DataLoader worker (pid 4291)" in caplog.text
+    assert all(queue.closed for queue in stopping._index_queues)  # their feeder threads end
+    loader.dataloader._iterator = _StoppingIterator("something else")  # type: ignore[assignment]
+    with pytest.raises(RuntimeError, match="something else"):
+        loader.close()
+
+
 def test_close_without_workers_is_a_no_op() -> None:
     loader = make_loader(Draws(), 4, workers=0, device="cpu")
     loader.close()
