@@ -21,6 +21,8 @@ and DST/val). DST gets shard-000000.tar, ... (WebDataset layout: <key>.jpg and <
 index.json. A corrupt source image is logged, left out and listed in index.json. Rerunning the same command
 after an interruption keeps the finished shards and writes the missing ones.
 """
+
+
 def byte_size(text: str) -> int:
     """`65536`, `64MiB`, `500MB`, `1GiB` as bytes."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)

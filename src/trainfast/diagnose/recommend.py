@@ -84,10 +84,12 @@ def num_workers(e: Evidence) -> Recommendation | None:
         return None
     new_step = max(compute, per_batch / k)
     caveat, threads = "", ""
+    thread_override: dict[str, int] = {}  # for --verify: the thread count the fix sets, when it sets one
     if e.device == "cpu":  # loading and the model step share the same cores
         proposed = max(1, e.cpus - k)
         fewer = proposed < e.threads
-        threads = f"; torch.set_num_threads({proposed})" if fewer else ""
+        if fewer:
+            threads, thread_override = f"; torch.set_num_threads({proposed})", {"threads": proposed}
         probe = e.thread_probe
         if probe is not None and probe[0] == proposed:  # measured: the model step on fewer threads
             slower = compute * probe[1]  # on `proposed` threads: that many cores busy for that long
@@ -109,8 +111,7 @@ def num_workers(e: Evidence) -> Recommendation | None:
         f"~{per_batch * 1e3:.1f} ms per batch, so {k} overlap it with the {compute * 1e3:.1f} ms of compute{caveat}",
         f"DataLoader(..., num_workers={k}, persistent_workers=True){threads}  # or trainfast.make_loader(dataset, "
         f"batch_size) / trainfast train --workers auto", gain,
-        overrides={"num_workers": k, "persistent_workers": True}
-        | ({"threads": max(1, e.cpus - k)} if e.device == "cpu" and max(1, e.cpus - k) < e.threads else {}))
+        overrides={"num_workers": k, "persistent_workers": True} | thread_override)
 
 
 def cpu_threads(e: Evidence) -> Recommendation | None:
