@@ -8,6 +8,7 @@ import ctypes.util
 import gc
 import os
 import time
+from collections.abc import Mapping
 
 import torch
 
@@ -22,23 +23,38 @@ def device_kind(spec: str) -> str:
     return kind
 
 
-def resolve_device(spec: str) -> torch.device:
-    """"auto" is the GPU torchrun assigned (LOCAL_RANK), else the current GPU, else the CPU."""
+def resolve_device(spec: str, env: Mapping[str, str] | None = None) -> torch.device:
+    """The torch.device a spec names, its CUDA index filled in and checked against the visible GPUs.
+
+    "auto" is the GPU torchrun assigned (LOCAL_RANK), else the current GPU, else the CPU. "cuda" is the current GPU,
+    except under torchrun with several processes (WORLD_SIZE > 1): there it is LOCAL_RANK's GPU too, as the current
+    GPU would put every rank on GPU 0. "cuda:N" is GPU N as given. `env` defaults to os.environ.
+    """
     kind = device_kind(spec)
-    if kind == "auto":
-        if not torch.cuda.is_available():
-            return torch.device("cpu")
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
-    device = torch.device(spec)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device={spec!r} but CUDA is not available (torch {torch.__version__}); "
-                             "use device='cpu' or 'auto'")
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        if index >= torch.cuda.device_count():
-            raise ValueError(f"device={spec!r} but only {torch.cuda.device_count()} CUDA device(s) are visible")
-        device = torch.device("cuda", index)
-    return device
+    env = os.environ if env is None else env
+    if kind == "cpu" or (kind == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device={spec!r} but CUDA is not available (torch {torch.__version__}); "
+                         "use device='cpu' or 'auto'")
+    count = torch.cuda.device_count()
+    local_rank = env.get("LOCAL_RANK")
+    if local_rank is not None and (kind == "auto" or (spec == "cuda" and int(env.get("WORLD_SIZE", "1")) > 1)):
+        index = int(local_rank)
+        if index >= count:
+            raise ValueError(
+                f"device={spec!r} means cuda:{index} under torchrun (LOCAL_RANK={index}), but this process sees "
+                f"{count} CUDA device(s) (CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', 'unset')}). Start at "
+                f"most {count} process(es) per node (torchrun --nproc-per-node={count}) or make more GPUs visible "
+                "(CUDA_VISIBLE_DEVICES); if each process is given only its own GPU, use device='cuda:0'")
+        return torch.device("cuda", index)
+    given = None if kind == "auto" else torch.device(spec).index
+    index = torch.cuda.current_device() if given is None else given
+    if index >= count:
+        raise ValueError(f"device={spec!r} but only {count} CUDA device(s) are visible "
+                         f"(CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
+                         f"use an index below {count}, or 'cuda' / 'auto'")
+    return torch.device("cuda", index)
 
 
 def synchronize(device: torch.device | str) -> None:

@@ -225,13 +225,31 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     return state
 
 
-def rng_state() -> dict[str, Any]:
-    """torch, CUDA, numpy and Python RNG states as tensors, ints and lists (loadable with weights_only)."""
+def _cuda_index(device: torch.device | None) -> int | None:
+    """The GPU whose CUDA generator an RNG state holds: `device`'s index where it is a GPU, none for another device;
+    without a device, the current GPU where CUDA is available (what a caller naming none trains on)."""
+    if device is None:
+        return torch.cuda.current_device() if torch.cuda.is_available() else None
+    if device.type != "cuda":
+        return None
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+def rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """torch CPU, numpy and Python RNG states and the CUDA generator's of `device` (the training device), as tensors,
+    ints and lists (loadable with weights_only).
+
+    Only the training device's CUDA state: the run draws from no other GPU, and the machine that resumes may have
+    fewer. "cuda" is a list of that one state ([] off the GPU) and "cuda_device" the GPU's index (None off the GPU);
+    checkpoints written before "cuda_device" existed hold every visible GPU's state in "cuda", in index order.
+    """
     _, keys, pos, has_gauss, gauss = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state(legacy=True))
     version, py_state, py_gauss = random.getstate()
+    index = _cuda_index(device)
     return {
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": [] if index is None else [torch.cuda.get_rng_state(torch.device("cuda", index))],
+        "cuda_device": index,
         "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
                   "gauss": float(gauss)},
         "python": {"version": version, "state": list(py_state), "gauss": py_gauss},
@@ -243,11 +261,32 @@ def _byte_state(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to(device="cpu", dtype=torch.uint8)
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `rng_state()` returned, from tensors on any device and of any integer dtype."""
+_warned_missing_cuda_state: set[int] = set()  # GPU indices already warned about: once per process
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
+    """Restore what `rng_state()` returned, from tensors on any device and of any integer dtype; the CUDA state goes to
+    `device`'s generator (the training device; None: as `rng_state`).
+
+    A state of one GPU is the training device's, whichever index it had when saved (a rank's stream is its own).
+    An older checkpoint's list of every GPU's state gives the entry at `device`'s index; one without that entry
+    (saved on a machine with fewer GPUs) leaves the CUDA generator as it is, with one warning."""
     torch.set_rng_state(_byte_state(state["torch"]))
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([_byte_state(s) for s in state["cuda"]])
+    states = list(state.get("cuda") or [])
+    index = _cuda_index(device) if states else None  # (a CPU run's checkpoint holds none: nothing to ask CUDA)
+    if index is not None and states:
+        cuda = torch.device("cuda", index)
+        if "cuda_device" in state:
+            torch.cuda.set_rng_state(_byte_state(states[0]), cuda)
+        elif index < len(states):
+            torch.cuda.set_rng_state(_byte_state(states[index]), cuda)
+        elif index not in _warned_missing_cuda_state:
+            _warned_missing_cuda_state.add(index)
+            log.warning("resume: the checkpoint holds the CUDA RNG states of GPUs 0 to %d (written before a "
+                        "checkpoint kept only the training GPU's) and none for %s, the GPU training here: its "
+                        "generator keeps its current state, so random draws on the GPU (dropout) differ from an "
+                        "uninterrupted run; everything else resumes exactly. For identical draws, resume on a GPU "
+                        "index below %d", len(states) - 1, cuda, len(states))
     n = state["numpy"]
     keys = n["keys"].detach().cpu().numpy().astype(np.uint32)
     np.random.set_state(("MT19937", keys, int(n["pos"]), int(n["has_gauss"]), float(n["gauss"])))

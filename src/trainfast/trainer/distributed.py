@@ -6,15 +6,24 @@ WORLD_SIZE in the environment. nccl on CUDA, gloo on the CPU.
 
 Elastic restarts (`--max-restarts`): torchrun reuses one store across attempts, and on gloo the peers'
 addresses from the failed attempt are still in it, so a restarted worker connects to a process that no
-longer exists. Every attempt therefore gets its own key prefix, from TORCHELASTIC_RESTART_COUNT.
+longer exists. Every attempt therefore gets its own key prefix, from TORCHELASTIC_RESTART_COUNT. Within an
+attempt the store also outlives a process group: a later `fit` in the same process would find the earlier
+group's keys under torch's own names (gloo: the peers' old addresses, and 2 ranks fitting 4 times in a row hung
+in 3 runs of 3; nccl: the old unique id), so every group the process creates takes the next number in the prefix
+too. Every rank creates its groups in the same order, so the numbers match.
+
+SLURM without torchrun: `srun python train.py` starts SLURM_STEP_NUM_TASKS copies of the script with SLURM's
+variables but no RANK / WORLD_SIZE; each would train alone into the same checkpoint folder. `check_launch`
+refuses that (see its rule) instead of guessing a rendezvous address.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -26,6 +35,8 @@ import torch.distributed as dist
 log = logging.getLogger("trainfast")
 TIMEOUT = timedelta(minutes=10)  # a collective that waits longer than this means a peer is gone
 RELEASE_S = 0.05  # see process_group: time for the collective threads to let go of Python's tensors
+_groups_created = itertools.count()  # process groups this process created: their store prefixes
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE")
 
 
 @dataclass(frozen=True)
@@ -44,19 +55,45 @@ class DistInfo:
         return self.rank == 0
 
 
+def check_launch(env: Mapping[str, str]) -> None:
+    """Refuse an `srun` step of several tasks that torchrun did not start: ValueError saying how to launch (the
+    Trainer raises it as a ConfigError).
+
+    The rule: srun sets SLURM_STEP_NUM_TASKS in every task of a step; torchrun sets RANK and WORLD_SIZE in every
+    process it starts. More than one task in the step and neither variable set means each task would train on its
+    own. A script run directly in an sbatch or salloc shell is no step (SLURM_NTASKS may say 4 there, but only this
+    one process runs) and neither is a one-task step (`srun --pty bash`): both train as one process.
+    """
+    tasks = env.get("SLURM_STEP_NUM_TASKS", "1")
+    if not tasks.isdigit() or int(tasks) <= 1 or any(name in env for name in TORCHRUN_VARS):
+        return
+    procid = env.get("SLURM_PROCID", "?")
+    raise ValueError(
+        f"this process is task {procid} of {tasks} that srun started (SLURM_STEP_NUM_TASKS={tasks}, SLURM_PROCID="
+        f"{procid}), but RANK and WORLD_SIZE are not set: each task would train the whole model on its own into the "
+        "same checkpoint folder. Launch one torchrun per node, which starts one process per GPU: "
+        "`srun --ntasks-per-node=1 torchrun --nnodes=$SLURM_NNODES --nproc-per-node=G "
+        "--rdzv-backend=c10d --rdzv-endpoint=$(scontrol show hostnames | head -n1):29500 train.py` "
+        "(or `-m trainfast train ...`); or set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT in each "
+        "task yourself; or, for one process, run the script without srun or with `srun --ntasks=1`")
+
+
 def dist_info(env: dict[str, str] | None = None) -> DistInfo:
-    """The torchrun environment (all defaults without it)."""
+    """The torchrun environment (all defaults without it); ValueError for a launch that is no torchrun's but
+    starts several copies (`check_launch`)."""
     env = dict(os.environ) if env is None else env
+    check_launch(env)
     return DistInfo(rank=int(env.get("RANK", 0)), local_rank=int(env.get("LOCAL_RANK", 0)),
                     world_size=int(env.get("WORLD_SIZE", 1)), restart=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
 
 
-def _store(info: DistInfo) -> Any:
+def _store(info: DistInfo, group: int) -> Any:
+    """The rendezvous store of this process's `group`-th process group, its keys apart from every other's."""
     host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
     agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent runs the server
     base = dist.TCPStore(host, port, info.world_size, is_master=not agent_hosts_it and info.is_main,  # type: ignore[attr-defined]
                          timeout=TIMEOUT)
-    return dist.PrefixStore(f"trainfast/attempt_{info.restart}", base)  # type: ignore[attr-defined]
+    return dist.PrefixStore(f"trainfast/attempt_{info.restart}/group_{group}", base)  # type: ignore[attr-defined]
 
 
 @contextmanager
@@ -72,8 +109,8 @@ def process_group(info: DistInfo, device: torch.device) -> Iterator[bool]:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, store=_store(info), rank=info.rank, world_size=info.world_size,
-                            timeout=TIMEOUT)
+    store = _store(info, next(_groups_created))
+    dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size, timeout=TIMEOUT)
     log.info("distributed: rank %d of %d (%s, attempt %d)", info.rank, info.world_size, backend, info.restart)
     try:
         yield True
@@ -96,6 +133,15 @@ def all_sum(values: list[float], device: torch.device) -> list[float]:
         return values
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
+    return [float(v) for v in t.tolist()]
+
+
+def all_max(values: list[float], device: torch.device) -> list[float]:
+    """Element-wise max over all ranks: the values every rank then decides on alike (an A/B's step times, flags)."""
+    if not dist_initialized():
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return [float(v) for v in t.tolist()]
 
 

@@ -74,16 +74,17 @@ def test_set_rng_state_takes_states_in_another_dtype_and_hands_cuda_cpu_byte_ten
     state["torch"] = state["torch"].to(torch.int64)
     state["cuda"] = [cuda_state.to(torch.int64)]
     state["numpy"]["keys"] = state["numpy"]["keys"].to(torch.int64)
-    handed: list[list[torch.Tensor]] = []
+    state["cuda_device"] = 0
+    handed: list[tuple[torch.Tensor, object]] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: handed.append(list(states)))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda new, device: handed.append((new, device)))
     torch.manual_seed(99)
     np.random.seed(99)
-    set_rng_state(state)
+    set_rng_state(state, torch.device("cuda", 0))
     monkeypatch.undo()
     assert torch.equal(torch.rand(4), expected[0])
     assert np.array_equal(np.random.standard_normal(3), expected[1])
-    assert len(handed) == 1 and len(handed[0]) == 1
+    assert len(handed) == 1 and handed[0][1] == torch.device("cuda", 0)
     cuda = handed[0][0]
     assert cuda.dtype == torch.uint8 and cuda.device.type == "cpu" and torch.equal(cuda, cuda_state)
 
