@@ -8,7 +8,8 @@ On the CPU the same conversion happens inline: there is nothing to overlap.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import copy
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,17 +28,37 @@ class Normalize:
 
 
 def move(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
-    """`batch` (tensors nested in tuples, lists and Mappings) with every tensor on `device`.
-
-    A Mapping (a dict, or e.g. Hugging Face's `BatchEncoding`) comes back as a plain dict, in its order.
-    """
+    """`batch` (tensors nested in tuples, lists and Mappings) with every tensor on `device`, each container rebuilt
+    in its own type (`rebuilt`): a namedtuple stays one, and so does a Hugging Face `BatchEncoding`."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, (tuple, list)):
-        return type(batch)(move(b, device, non_blocking) for b in batch)
+        return rebuilt(batch, [move(b, device, non_blocking) for b in batch])
     if isinstance(batch, Mapping):
-        return {k: move(v, device, non_blocking) for k, v in batch.items()}
+        return rebuilt(batch, {k: move(v, device, non_blocking) for k, v in batch.items()})
     return batch
+
+
+def rebuilt(batch: Any, items: Any) -> Any:
+    """A container of `batch`'s type holding `items` (a list for a sequence, a dict for a Mapping), made as torch's
+    `default_collate` makes it: a namedtuple from its fields, a mutable Mapping (a `UserDict`, a `BatchEncoding`) as
+    an updated copy, other types from the plain container, or the plain container when their constructor refuses
+    it."""
+    kind = type(batch)
+    if kind is type(items):  # a list or a dict: most batches
+        return items
+    if kind is tuple:
+        return tuple(items)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple takes its fields as arguments
+        return kind(*items)
+    if isinstance(batch, MutableMapping):
+        clone = copy.copy(batch)
+        clone.update(items)
+        return clone
+    try:
+        return kind(items)
+    except TypeError:
+        return items
 
 
 def _tensors(batch: Any) -> Iterator[torch.Tensor]:
@@ -52,9 +73,11 @@ def _tensors(batch: Any) -> Iterator[torch.Tensor]:
 
 
 class InputTransform:
-    """uint8 -> float, normalise, and optionally channels_last, applied to a batch's inputs (its first item)."""
+    """uint8 -> float, normalise, and optionally channels_last, applied to a batch's inputs (its first item).
+    `channels_last` may be a callable read at each batch: the Trainer's layout can change within an epoch."""
 
-    def __init__(self, device: torch.device, normalize: Normalize | None, channels_last: bool) -> None:
+    def __init__(self, device: torch.device, normalize: Normalize | None,
+                 channels_last: bool | Callable[[], bool]) -> None:
         self.channels_last = channels_last
         self.affine: tuple[torch.Tensor, torch.Tensor] | None = None  # (shift, scale)
         if normalize is not None:
@@ -69,16 +92,16 @@ class InputTransform:
         x = batch[0]
         if self.affine is not None and x.dtype == torch.uint8 and x.dim() == 4:  # image batches only
             x = torch.addcmul(self.affine[0], x.float(), self.affine[1])
-        if self.channels_last and x.dim() == 4:
+        if x.dim() == 4 and (self.channels_last() if callable(self.channels_last) else self.channels_last):
             x = x.contiguous(memory_format=torch.channels_last)
-        return type(batch)((x, *batch[1:]))
+        return rebuilt(batch, [x, *batch[1:]])
 
 
 class DevicePrefetcher:
     """Iterate `loader`'s batches on `device`, one batch ahead, inputs converted and normalised."""
 
     def __init__(self, loader: Iterable[Any], device: torch.device | str, *, normalize: Normalize | None = None,
-                 channels_last: bool = False) -> None:
+                 channels_last: bool | Callable[[], bool] = False) -> None:
         self.loader = loader
         self.device = torch.device(device)
         self.transform = InputTransform(self.device, normalize, channels_last)

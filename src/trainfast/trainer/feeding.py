@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -47,10 +47,11 @@ def position(loader: Iterable[Any], epoch: int, batch: int) -> Iterable[Any]:
     return itertools.islice(loader, batch, None)
 
 
-def prefetch(loader: Iterable[Any], device: torch.device, channels_last: bool) -> Iterable[Any]:
-    """Batches on `device`, normalised, one ahead on CUDA; the loader itself when there is nothing to do."""
+def prefetch(loader: Iterable[Any], device: torch.device, channels_last: Callable[[], bool]) -> Iterable[Any]:
+    """Batches on `device`, normalised, one ahead on CUDA, in the layout `channels_last()` says at each batch (an A/B
+    decides it within an epoch); the loader itself when there is nothing to do."""
     normalize = getattr(loader, "normalize", None)
-    if device.type == "cpu" and normalize is None and not channels_last:
+    if device.type == "cpu" and normalize is None and not channels_last():
         return loader  # nothing to copy or convert: no extra layer in the hot loop
     return DevicePrefetcher(loader, device, normalize=normalize, channels_last=channels_last)
 

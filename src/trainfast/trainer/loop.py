@@ -50,6 +50,7 @@ from trainfast.trainer.checkpoint import (
 from trainfast.trainer.clock import StepClock
 from trainfast.trainer.config import ConfigError, TrainConfig
 from trainfast.trainer.distributed import (
+    all_max,
     all_sum,
     barrier,
     dist_info,
@@ -91,10 +92,10 @@ class Trainer:
                  config: TrainConfig | None = None, callbacks: Sequence[object] = (), *,
                  batch_loss: LossOf | None = None, step_fn: LossOf | None = None) -> None:
         self.config = cfg = config or TrainConfig()
-        self.dist = dist_info()  # torchrun's RANK / LOCAL_RANK / WORLD_SIZE, or a single process
         check_callbacks(callbacks)
         self.callbacks = list(callbacks)
         try:
+            self.dist = dist_info()  # torchrun's RANK / LOCAL_RANK / WORLD_SIZE, or a single process (srun refused)
             self.device = resolve_device(cfg.device)
         except ValueError as e:
             raise ConfigError(str(e)) from None
@@ -161,7 +162,7 @@ class Trainer:
                 check_sharding(train_loader)
             fresh = self.epoch == self.step == self.batch == 0
             self.practices.plan(self._wrap(distributed), total_steps, fresh=fresh, distributed=distributed,
-                                agree=lambda choice: gather(choice)[0], saved=self._saved_practices)
+                                agree=lambda values: all_max(values, self.device), saved=self._saved_practices)
             stack.enter_context(torch_settings(cpu_threads=self._cpu_threads(train_loader), tf32=self.precision.tf32,
                                                cudnn_benchmark=cfg.cudnn_benchmark if self.device.type == "cuda"
                                                else None))
@@ -182,6 +183,7 @@ class Trainer:
                 if stop.agreed:
                     self._stop_for_signal()
                 self._end_epoch(self.practices.model, val_loader)
+            self.practices.finish()
         result = self._result(time.perf_counter() - started)
         if monitor is not None:
             result = replace(result, monitor={name: s.to_json() for name, s in monitor.summary().items()})
@@ -414,7 +416,7 @@ class Trainer:
 
     def state_dict(self, rng_per_rank: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         assert self.scheduler is not None
-        rngs = rng_per_rank or [rng_state()]
+        rngs = rng_per_rank or [rng_state(self.device)]
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                 "epoch": self.epoch, "step": self.step, "batch": self.batch, "best_metric": self.best_metric,
@@ -427,7 +429,7 @@ class Trainer:
 
         The previous `keep_checkpoints - 1` files are kept beside it (`last.1.pt`, ...) for a corrupt one.
         A write that fails raises `CheckpointWriteError` on every rank (the previous checkpoint stays intact)."""
-        rngs = gather(rng_state())  # each rank's RNG (its dropout stream) is part of an exact resume
+        rngs = gather(rng_state(self.device))  # each rank's RNG (its dropout stream) is part of an exact resume
         failed: CheckpointWriteError | None = None
         if self.dist.is_main:
             try:
@@ -477,16 +479,20 @@ class Trainer:
             self.scheduler.load_state_dict(state["scheduler"])
         except (RuntimeError, ValueError, KeyError) as e:
             raise CheckpointError(f"checkpoint {str(path)!r} does not fit this model/optimizer: {e}") from e
+        self._saved_practices = state.get("practices")  # absent from checkpoints written before it was saved
+        kept = (self._saved_practices or {}).get("precision") if self.config.precision == "auto" else None
+        if kept is not None and resolve_precision(kept, self.practices.caps).needs_scaler != self.scaler.enabled:
+            # "auto" resumes in the precision the run started with (Practices.plan): its loss scaler with it
+            self.scaler = LossScaler(self.device, not self.scaler.enabled, self.config.scaler)
         if not self.scaler.load_state_dict(state["scaler"]) and self.scaler.enabled:  # saved in bf16 or fp32
             log.info("resume: %s holds no loss scaler state (saved without fp16 loss scaling); this fp16 run "
                      "starts a fresh loss scaler at scale %g", path, self.scaler.loss_scale)
         self.epoch, self.step, self.batch = state["epoch"], state["step"], state["batch"]
-        self._saved_practices = state.get("practices")  # absent from checkpoints written before it was saved
         self._window_from_step = self.step
         self.best_metric = state["best_metric"]
         self._epoch_loss = list(state["epoch_loss"])
         per_rank = state.get("rng_per_rank") or [state["rng"]]
-        set_rng_state(per_rank[self.dist.rank] if len(per_rank) == self.dist.world_size else state["rng"])
+        set_rng_state(per_rank[self.dist.rank] if len(per_rank) == self.dist.world_size else state["rng"], self.device)
         log.info("resumed from %s: epoch %d, batch %d, step %d", path, self.epoch + 1, self.batch, self.step)
 
     # ---------------------------------------------------------------- helpers
@@ -504,7 +510,7 @@ class Trainer:
             loss_scale=self.scaler.loss_scale if self.scaler.enabled else None, **self.practices.to_json())
 
     def _prefetch(self, loader: Iterable[Any]) -> Iterable[Any]:
-        return prefetch(loader, self.device, self.channels_last)
+        return prefetch(loader, self.device, lambda: self.practices.channels_last)
 
     def _cpu_threads(self, loader: Iterable[Any]) -> int | None:
         threads = self.config.cpu_threads

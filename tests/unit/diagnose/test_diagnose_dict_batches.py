@@ -175,10 +175,10 @@ def test_a_dict_batch_without_labels_trains_on_the_mean_of_a_dict_output() -> No
 
 
 def test_a_mapping_that_is_not_a_dict_reaches_the_model_as_keywords() -> None:
-    """Hugging Face's BatchEncoding is a UserDict: `move` turns any Mapping into a dict on the device."""
+    """Hugging Face's BatchEncoding is a UserDict: `move` keeps its type (its `.to()` and attributes keep working)."""
     batch = UserDict(_batch())
     moved = move(batch, torch.device("cpu"))
-    assert type(moved) is dict and list(moved) == ["input_ids", "attention_mask", "labels"]
+    assert type(moved) is UserDict and list(moved) == ["input_ids", "attention_mask", "labels"]
     model = TinyLM()
     _forward_backward(model, loader=None)(batch)
     assert model.labels_seen == 1

@@ -55,3 +55,20 @@ def test_an_fp16_checkpoint_resumed_without_loss_scaling_ignores_the_saved_scale
     resumed = train(tmp_path, epochs=2, precision=resumed_under)
     assert not resumed.scaler.enabled and resumed.epoch == 2 and resumed.step == 8
     assert resumed.scaler.loss_scale == 1.0
+
+
+def test_an_fp16_run_resumed_under_auto_keeps_fp16_and_its_loss_scaler(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resumed "auto" run trains with the precision its checkpoint was saved in (a choice that changed would change
+    its results): an fp16 run resumed where "auto" would now pick bf16 (a GPU without bf16 before, one with it now;
+    here a CPU said to have native bf16) trains fp16 again, and so needs its loss scaler, with the saved scale."""
+    from trainfast.precision import cpufeatures
+
+    train(tmp_path, epochs=1, precision="16-mixed", scaler=ScalerConfig(init_scale=1024.0))
+    saved = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert saved["practices"]["precision"] == "16-mixed"
+    monkeypatch.setattr(cpufeatures, "cpu_bf16", lambda: "AVX512-BF16")
+    resumed = train(tmp_path, epochs=2, precision="auto")
+    assert resumed.precision.name == "16-mixed" and resumed.epoch == 2
+    assert resumed.scaler.enabled  # fp16 without loss scaling would lose small gradients to underflow
+    assert resumed.scaler.loss_scale == saved["scaler"]["scaler"]["scale"]  # 4 steps at 1024: no growth, no skip

@@ -8,6 +8,7 @@ import math
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,17 +118,6 @@ def test_clipping_happens_after_unscale(monkeypatch: pytest.MonkeyPatch) -> None
     assert finite and max(finite) < 1000
 
 
-class StopAt:
-    """Sends this process SIGTERM at a given optimizer step, like a scheduler preempting the job."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_log(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
-        if metrics["step"] == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
 def _image_run(tiny_images: Path, ckpt: Path | None, *, workers: int, callbacks: tuple[object, ...] = (),
                resume: bool = False, epochs: int = 2) -> Trainer:
     seed_all(0)
@@ -141,10 +131,11 @@ def _image_run(tiny_images: Path, ckpt: Path | None, *, workers: int, callbacks:
 
 
 @pytest.mark.parametrize("stop_step", [4, 13])  # mid first epoch, mid second epoch (10 batches per epoch)
-def test_resume_after_sigterm_is_bit_exact(tiny_images: Path, tmp_path: Path, stop_step: int) -> None:
+def test_resume_after_sigterm_is_bit_exact(tiny_images: Path, tmp_path: Path, stop_step: int,
+                                           stop_at: Callable[[int], object]) -> None:
     reference = _image_run(tiny_images, None, workers=2)
     with pytest.raises(SystemExit) as stopped:
-        _image_run(tiny_images, tmp_path, workers=2, callbacks=(StopAt(stop_step),))
+        _image_run(tiny_images, tmp_path, workers=2, callbacks=(stop_at(stop_step),))
     assert stopped.value.code == 143
     saved = load_checkpoint(tmp_path / "last.pt")
     assert (saved["step"], saved["epoch"], saved["batch"]) == (stop_step, stop_step // 10, stop_step % 10)
@@ -192,9 +183,9 @@ def test_non_finite_loss_stops_and_keeps_the_good_checkpoint(tmp_path: Path) -> 
     assert digest == hashlib.sha256((tmp_path / "last.pt").read_bytes()).hexdigest()
 
 
-def test_sigterm_without_checkpoint_dir_still_exits_143() -> None:
+def test_sigterm_without_checkpoint_dir_still_exits_143(stop_at: Callable[[int], object]) -> None:
     x, y = blobs(n=64)
-    trainer = Trainer(nn.Linear(8, 4), config=config(epochs=1, log_every=1), callbacks=(StopAt(2),))
+    trainer = Trainer(nn.Linear(8, 4), config=config(epochs=1, log_every=1), callbacks=(stop_at(2),))
     with pytest.raises(SystemExit) as stopped:
         trainer.fit(make_loader((x, y), 16))
     assert stopped.value.code == 143 and trainer.step == 2
@@ -276,12 +267,13 @@ def test_loader_without_len_needs_limit_batches() -> None:
     assert Trainer(nn.Linear(8, 4), config=config(epochs=2, limit_batches=3)).fit(Stream()).steps == 6
 
 
-def test_resume_on_a_plain_dataloader_reads_ahead(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_resume_on_a_plain_dataloader_reads_ahead(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                  stop_at: Callable[[int], object]) -> None:
     x, y = blobs(n=64)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
     with pytest.raises(SystemExit):
         Trainer(nn.Linear(8, 4), config=config(epochs=1, log_every=1, checkpoint_dir=str(tmp_path)),
-                callbacks=(StopAt(2),)).fit(loader)
+                callbacks=(stop_at(2),)).fit(loader)
     resumed = Trainer(nn.Linear(8, 4), config=config(epochs=1, checkpoint_dir=str(tmp_path)))
     assert resumed.fit(loader, resume=True).steps == 4
 

@@ -60,7 +60,7 @@ def test_dict_and_tuple_batches_count_alike() -> None:
 
 def test_nested_and_mapping_batches_are_moved_and_counted() -> None:
     """channels_last=True puts the DevicePrefetcher in the path on the CPU too: it moves every Mapping (here
-    a UserDict, as Hugging Face's BatchEncoding is) to the device as a dict."""
+    a UserDict, as Hugging Face's BatchEncoding is) to the device in its own type, as torch's collate keeps it."""
     seen: list[type] = []
 
     class Nested:
@@ -78,7 +78,7 @@ def test_nested_and_mapping_batches_are_moved_and_counted() -> None:
 
     trainer = Trainer(nn.Linear(8, 4), config=config(channels_last=True), batch_loss=step)
     trainer.fit(Nested())
-    assert seen == [dict] * 3 and trainer.clock.samples == [5] * 3
+    assert seen == [UserDict] * 3 and trainer.clock.samples == [5] * 3
 
 
 def test_a_dict_batch_without_batch_loss_is_refused_not_unpacked() -> None:

@@ -1,0 +1,66 @@
+""""auto" costs no reproducibility: the A/Bs train a fixed schedule of steps in each setting, so two runs with the same
+seed whose choices agree end bit-identical, whatever their timings were, and a run stopped by SIGTERM mid-epoch 2
+and resumed ends like the uninterrupted one."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from trainfast.loader.make import make_loader
+from trainfast.precision import cpufeatures
+from trainfast.trainer.config import TrainConfig
+from trainfast.trainer.loop import Trainer
+
+BATCHES = 30  # per epoch: the precision and layout A/Bs (8 steps each) both end in epoch 1
+
+
+class Timed(nn.Module):
+    """A conv net with dropout (a random stream the steps use) whose forward sleeps `base_s`, plus `fp32_s` more in
+    fp32 and `contiguous_s` more in the contiguous layout: bf16 and channels_last win in every run, by a margin the
+    run chooses (a wide one ended an A/B after one timed step each before its schedule was fixed)."""
+
+    def __init__(self, base_s: float, fp32_s: float, contiguous_s: float = 0.01) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Dropout(0.2), nn.Flatten(),
+                                  nn.Linear(8 * 36, 4))
+        self.base_s, self.fp32_s, self.contiguous_s = base_s, fp32_s, contiguous_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and torch.is_grad_enabled():
+            fp32 = not torch.is_autocast_enabled("cpu")
+            contiguous = not self.body[0].weight.is_contiguous(memory_format=torch.channels_last)
+            time.sleep(self.base_s + self.fp32_s * fp32 + self.contiguous_s * contiguous)
+        out: torch.Tensor = self.body(x)
+        return out
+
+
+def run(model: Timed, ckpt: Path | None = None, *, resume: bool = False, stop: object = None) -> Trainer:
+    torch.manual_seed(0)
+    model.load_state_dict(Timed(0, 0).state_dict())  # the same initial weights in every run
+    g = torch.Generator().manual_seed(0)
+    data = (torch.randn(BATCHES * 4, 3, 6, 6, generator=g), torch.randint(0, 4, (BATCHES * 4,), generator=g))
+    config = TrainConfig(epochs=2, seed=0, progress=False, device="cpu", log_every=1, compile=False,
+                         checkpoint_dir=str(ckpt) if ckpt else None)
+    trainer = Trainer(model, config=config, callbacks=[stop] if stop else [])
+    trainer.fit(make_loader(data, 4, seed=0), resume=resume)
+    return trainer
+
+
+def test_runs_whose_choices_agree_end_bit_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    stop_at: Callable[[int], object]) -> None:
+    monkeypatch.setattr(cpufeatures, "cpu_bf16", lambda: "AVX512-BF16")  # the bf16 prior and its A/B
+    wide = run(Timed(base_s=0.0, fp32_s=0.02))  # bf16 many times faster
+    with pytest.raises(SystemExit):  # bf16 ~1.1x faster; SIGTERM mid-epoch 2
+        run(Timed(base_s=0.02, fp32_s=0.003), tmp_path, stop=stop_at(BATCHES + 7))
+    narrow = run(Timed(base_s=0.02, fp32_s=0.003), tmp_path, resume=True)
+    assert wide.practices.saved() == narrow.practices.saved() == {
+        "precision": "bf16-mixed", "channels_last": "channels_last", "compile": "eager"}
+    assert narrow.step == wide.step == 2 * BATCHES
+    for key, value in wide.model.state_dict().items():
+        assert torch.equal(value, narrow.model.state_dict()[key]), key
