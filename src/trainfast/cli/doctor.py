@@ -30,6 +30,7 @@ step(s), or, where no optimizer steps, its backward pass(es).
 --verify costs one extra run of the script per fix it can inject (DataLoader workers, pin_memory, threads,
 ...), plus two baseline runs (before and after, so drift shows), each in a fresh process and each as long
 as a doctor run (up to --max-seconds); --verify-repeats N does all of that N times and takes the median.
+Under torchrun every rank runs the doctor and all stop at the same step; --verify is single-process only.
 Exit code: the script's own when it ends by itself or crashes (the report is printed first), 0 when the
 doctor stops it after the measured steps, 2 for bad arguments. A script that runs out of memory (CUDA or
 CPU) gets a paragraph saying at which step, what the allocator held and what to change (JSON: "oom").
@@ -78,6 +79,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"--warmup {args.warmup} is not valid; use 0 or more steps")
     if not args.module and not Path(target).is_file():
         parser.error(f"no script at {target!r}; give a Python file, or -m MODULE for a module")
+    if args.verify:
+        from trainfast.diagnose.verify import torchrun_refusal
+
+        refusal = torchrun_refusal(target, module=bool(args.module))
+        if refusal is not None:  # before the script runs: nothing to measure twice
+            parser.error(refusal)
     result = run_doctor(target, module=bool(args.module), args=script_args, steps=args.steps, warmup=args.warmup,
                         max_seconds=args.max_seconds)
     if args.verify:

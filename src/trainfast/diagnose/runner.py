@@ -15,12 +15,27 @@ step's tensors are still alive) and what to change (trainfast/oom.py, as the Tra
 On the CPU, when the loader fix the doctor is about to propose would give the model step fewer intra-op
 threads, a few more steps are measured at that thread count after the others (the "threads" phase): on 2 CPUs a
 compute-heavy step can take 1.8x as long on one thread, which turns "more workers" into a slowdown.
+
+Under torchrun (2+ ranks, each running the doctor) no rank stops on its own clock: one that stopped alone would
+leave its peers in an all-reduce it never joins (a hang until the collective's timeout, or a crash when its
+connection drops). A rank that wants to stop (steps measured, deadline passed, SIGALRM) proposes a step a little
+ahead on torchrun's store under its own key prefix; every rank reads the store every `STOP_CHECK_EVERY` steps
+and all stop at the step first proposed (timeline.py says why that step is reached by all). Why the store: it
+needs nothing from the script's process group (a collective of ours on it could interleave with DDP's own and
+deadlock), costs one round trip every few steps instead of a collective per step, and torchrun's agent hosts it
+for the job's whole life. A rank that is still running `_grace_s` after its SIGALRM is stuck, and stops alone.
+
+The report reads `cudnn.benchmark` as the script had it when its measured steps ended (or, stopped before, when it
+ended): torch_settings() puts back the value from before the script, and a script that set it (or one that sets it
+and puts it back on its way out, which the doctor's stop unwinds through) would be told to set it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
+import logging
 import os
 import runpy
 import signal
@@ -28,9 +43,10 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +54,14 @@ import torch
 
 from trainfast.diagnose.instrument import Instrumentation, Observations
 from trainfast.diagnose.report import Report, build_report, thread_probe
-from trainfast.diagnose.timeline import StopMeasuring, Timeline
+from trainfast.diagnose.timeline import MEASURE, StopMeasuring, Timeline
 from trainfast.envcheck.environment import environment, preflight
 from trainfast.monitor import Monitor
 from trainfast.oom import advice, first_line, fragmented, is_oom, memory_at_oom, requested_bytes
+from trainfast.trainer.distributed import RELEASE_S
 from trainfast.trainer.settings import torch_settings
+
+log = logging.getLogger("trainfast.diagnose.runner")
 
 
 @dataclass(frozen=True)
@@ -54,18 +73,129 @@ class DoctorRun:
 
 # Long enough for a slow start (dataset indexing, compilation) and 35 steps of a second each.
 DEFAULT_MAX_SECONDS = 300.0
+# Under torchrun: closed steps between two reads of the agreed stop step. A read is a round trip to the store in
+# torchrun's agent process (50-100 us on this loaded 2-core machine): +9-14 us a step measured on a 50 us null step,
+# where reading every step cost +46-100 us; ~1 % of a 1 ms DDP step on gloo. Every rank stops at most
+# STOP_CHECK_EVERY + 3 steps after the one that asked.
+STOP_CHECK_EVERY = 8
+# Reaching torchrun's store: the agent's is up before the script starts; without one (TORCHELASTIC_USE_AGENT_STORE
+# unset), rank 0's process group hosts it, which the script starts before its first step.
+STORE_CONNECT_S = 30.0
+# After its SIGALRM, a rank waits this long (at least; 4x the agreed steps' time when longer) for the agreed step
+# before it takes itself for stuck and stops alone.
+STUCK_GRACE_S = 30.0
+STOP_KEY = "stop"
+_RUNS = itertools.count()  # doctor runs in this process: each gets its own keys on the store (every rank counts alike)
+
+
+class StoreStop:
+    """A `StopAgreement` (timeline.py) on a store every rank reaches: the first rank to propose sets the stop
+    (`compare_set` on an absent key: one atomic round trip), every rank reads that one. A store that fails is given
+    up, logged once: the rank then stops alone, as a single process does."""
+
+    check_every = STOP_CHECK_EVERY
+
+    def __init__(self, connect: Callable[[], Any], rank: int) -> None:
+        self._connect, self.rank = connect, rank
+        self._store: Any = None
+        self._failed = False
+        self.asked_by: int | None = None  # the rank whose proposal every rank follows
+
+    def connect(self) -> bool:
+        return self._call(lambda store: b"ok") is not None
+
+    def propose(self, step: int, reason: str) -> tuple[int, str] | None:
+        return self._parse(self._call(lambda store: store.compare_set(STOP_KEY, "", f"{step} {self.rank} {reason}")))
+
+    def agreed(self) -> tuple[int, str] | None:
+        return self._parse(self._call(lambda store: store.get(STOP_KEY) if store.check([STOP_KEY]) else None))
+
+    def _call(self, operation: Callable[[Any], bytes | None]) -> bytes | None:
+        if self._failed:
+            return None
+        try:
+            if self._store is None:
+                self._store = self._connect()
+            return operation(self._store)
+        except Exception as e:  # DistStoreError, DistNetworkError, a timeout: the job's store is out of reach
+            self._failed = True
+            log.warning("doctor: rank %d cannot use torchrun's store (%s: %s): it stops on its own clock and step "
+                        "count, and a rank still inside a collective then may hang until its timeout",
+                        self.rank, type(e).__name__, e)
+            return None
+
+    def _parse(self, value: bytes | None) -> tuple[int, str] | None:
+        if not value:
+            return None
+        step, rank, reason = value.decode().split(" ", 2)
+        self.asked_by = int(rank)
+        return int(step), reason
+
+
+def launched_ranks(env: Mapping[str, str] | None = None) -> int:
+    """The job's world size when this process is a rank launched by torchrun (TORCHELASTIC_RUN_ID) or another
+    launcher giving 2+ ranks their RANK / WORLD_SIZE; 0 for a process on its own (RANK=0 WORLD_SIZE=1 set by
+    hand, for a script that initialises a process group from the environment, is one)."""
+    env = os.environ if env is None else env
+    try:
+        world = int(env.get("WORLD_SIZE", "1"))
+    except ValueError:
+        world = 1
+    return world if "TORCHELASTIC_RUN_ID" in env or world > 1 else 0
+
+
+def rank_agreement(env: Mapping[str, str] | None = None) -> StoreStop | None:
+    """The stop agreement of a job with 2+ ranks, on its store (MASTER_ADDR:MASTER_PORT, torchrun's agent store
+    when TORCHELASTIC_USE_AGENT_STORE=True), under a key prefix of ours per attempt and doctor run; None for a
+    single process or without a store address."""
+    env = os.environ if env is None else env
+    if launched_ranks(env) < 2 or not torch.distributed.is_available():
+        return None
+    try:
+        host, port, rank = env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["RANK"])
+    except (KeyError, ValueError) as e:
+        log.warning("doctor: %d ranks but no store to agree on a stop step through (%s: %s): each rank stops on "
+                    "its own clock", launched_ranks(env), type(e).__name__, e)
+        return None
+    # a restarted attempt must not read the stop of the attempt before it
+    prefix = f"trainfast/doctor/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/run_{next(_RUNS)}/"
+
+    def connect() -> Any:
+        client = torch.distributed.TCPStore(host, port, is_master=False,  # type: ignore[attr-defined]
+                                            timeout=timedelta(seconds=STORE_CONNECT_S), wait_for_workers=False)
+        return torch.distributed.PrefixStore(prefix, client)  # type: ignore[attr-defined]
+    agreement = StoreStop(connect, rank)
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        agreement.connect()  # up already: a failure shows now, not mid-run
+    return agreement
+
+
+def _grace_s(timeline: Timeline) -> float:
+    """How long a rank that proposed its stop from SIGALRM waits for the agreed step before stopping alone: the
+    agreed step is at most `check_every + 3` steps away."""
+    recent = [r.total_s for r in timeline.records[-20:]]
+    checks = timeline.agreement.check_every if timeline.agreement is not None else 0
+    return max(STUCK_GRACE_S, 4 * (checks + 3) * (max(recent) if recent else 0.0))
 
 
 @contextmanager
-def _alarm(seconds: float | None) -> Iterator[None]:
-    """Raise StopMeasuring("budget") in the main thread after `seconds`, wherever the script is (SIGALRM);
-    a no-op off the main thread or without SIGALRM, where the step boundaries still check the deadline."""
+def _alarm(seconds: float | None, timeline: Timeline) -> Iterator[None]:
+    """Stop the script after `seconds` wherever it is (SIGALRM, in the main thread): raise StopMeasuring("budget");
+    under a stop agreement, propose the stop to the other ranks instead, and raise only if this rank is still
+    running `_grace_s` later (stuck). A no-op off the main thread or without SIGALRM, where the step boundaries
+    still check the deadline."""
     if seconds is None or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
         yield
         return
+    proposed = False
 
     def stop(signum: int, frame: object) -> None:
-        raise StopMeasuring("budget")
+        nonlocal proposed
+        if timeline.agreement is None or proposed:
+            raise StopMeasuring("budget")
+        proposed = True
+        timeline.request_stop("budget")  # raises when no agreement can be reached
+        signal.setitimer(signal.ITIMER_REAL, _grace_s(timeline))
     previous = signal.signal(signal.SIGALRM, stop)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
@@ -87,6 +217,7 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
         raise ValueError(f"max_seconds={max_seconds!r}: give a positive number of seconds, or None for no limit")
     timeline = Timeline(warmup_steps=warmup, max_steps=steps)
     timeline.stop_when_done = True
+    timeline.agreement = agreement = rank_agreement()
     started = time.perf_counter()
     if max_seconds is not None:
         timeline.deadline = started + max_seconds
@@ -104,16 +235,23 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
     exit_code, error = 0, None
     # An optimizer's constructor imports torch._dynamo, which keeps a table of Tensor's methods: imported while
     # our counting wrappers are in place, it would keep them (and the whole run) for the rest of the process.
-    import torch._dynamo  # noqa: F401
+    import torch._dynamo
     oom: dict[str, Any] | None = None
     # torch_settings() puts back the thread count, cudnn.benchmark and TF32 the script may change
     with torch_settings(), Monitor(interval_s=monitor_interval_s) as monitor, \
             Instrumentation(timeline, on_loader=on_loader) as inst:
-        if probe_threads:
-            timeline.on_phase_end = thread_probe(timeline, inst)  # torch_settings() puts the thread count back
+        probe = thread_probe(timeline, inst) if probe_threads else None  # torch_settings() puts the threads back
+        measured_benchmark: list[bool] = []  # cudnn.benchmark as the script had it when the measured steps ended
+
+        def on_phase_end(phase: str) -> None:
+            if phase == MEASURE:
+                measured_benchmark.append(torch.backends.cudnn.benchmark)
+            if probe is not None:
+                probe(phase)
+        timeline.on_phase_end = on_phase_end
         try:
             remaining = None if max_seconds is None else max(1e-3, started + max_seconds - time.perf_counter())
-            with _alarm(remaining):
+            with _alarm(remaining, timeline):
                 sys.argv = [target, *(args or [])]
                 if module:
                     sys.path[0:0] = [os.getcwd()]  # what `python -m` puts first
@@ -129,6 +267,9 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
                            f"step(s) ({warmup} warm-up)")
             else:
                 outcome = f"stopped after {measured} measured steps ({warmup} warm-up)"
+            if agreement is not None and agreement.asked_by is not None:
+                outcome += (f"; all {launched_ranks()} ranks stopped at the same step ({timeline.closed_steps}, "
+                            f"counted from the script's start), as rank {agreement.asked_by} proposed")
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             exit_code, outcome = code, f"the script called sys.exit({e.code!r})"
@@ -146,6 +287,8 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
             os.environ.clear()
             os.environ.update(saved_env)
             timeline.finish()
+            timeline.agreement = None  # (its store connection goes with it)
+            script_benchmark = measured_benchmark[0] if measured_benchmark else torch.backends.cudnn.benchmark
             if not distributed_before:
                 _end_process_group()
         gc.collect()  # the unwound script's loaders (and their worker processes) go now, not at exit
@@ -159,7 +302,8 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
     if 0 < len(timeline.records) < steps:
         notes.append(f"only {len(timeline.records)} of the {steps} requested steps were measured before the script "
                      "ended; the figures are less certain")
-    report = build_report(timeline, inst, monitor=monitor, env=env, script=script, notes=notes, oom=oom)
+    with torch_settings(cudnn_benchmark=script_benchmark):  # the script's choice, which the report reads
+        report = build_report(timeline, inst, monitor=monitor, env=env, script=script, notes=notes, oom=oom)
     return DoctorRun(report=report, exit_code=exit_code, error=error)
 
 
@@ -171,6 +315,9 @@ def _end_process_group() -> None:
     """A process group the stopped script created (its `destroy_process_group()` never ran): end it, or its
     rendezvous port stays bound and `--verify`'s runs of the script fail with EADDRINUSE."""
     if _process_group_up():
+        # gloo's worker threads let go of the last collective's tensors after it returns, with the GIL: destroyed
+        # before, the group's destructor joins them holding it (trainer/distributed.py's process_group)
+        time.sleep(RELEASE_S)
         with contextlib.suppress(Exception):  # a group already broken: nothing more to free
             torch.distributed.destroy_process_group()
 

@@ -9,12 +9,19 @@ trainfast.diagnose.verify SPEC.json`, which runs the doctor inside `apply_overri
 the unchanged script: base, fix 1, ..., fix N, base (ABA), so drift over the runs shows. A fix's measured
 gain is its samples/s over the mean of the two baselines of the same repeat; over several repeats, the
 median. Every child gets the same environment, working directory and interpreter: the overrides, passed
-in the spec file, are the only difference between a fix's run and the baseline.
+in the spec file, are the only difference between a fix's run and the baseline. Before the first child, the parent
+hands back what it can of the device memory its own run left (the children need it).
+
+Not under torchrun: every rank would start its own children, each inheriting the rank's RANK, WORLD_SIZE,
+MASTER_ADDR/MASTER_PORT and torchrun's agent store, and joining or clashing with the job's rendezvous. Stripping
+those would not help a DDP script, which needs them to start at all; single-process with RANK=0 WORLD_SIZE=1 and
+MASTER_* set by hand, each child hosts its own process group, one after the other.
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import inspect
 import json
 import logging
@@ -37,7 +44,8 @@ from torch.utils.data import DataLoader
 
 from trainfast.atomic import write_json
 from trainfast.diagnose.recommend import Recommendation
-from trainfast.trainer.settings import torch_settings
+from trainfast.diagnose.runner import launched_ranks
+from trainfast.trainer.settings import set_tf32, torch_settings
 
 log = logging.getLogger("trainfast.diagnose.verify")
 
@@ -133,8 +141,7 @@ def apply_overrides(overrides: Mapping[str, Any]) -> Iterator[None]:
         if "cudnn_benchmark" in checked:
             torch.backends.cudnn.benchmark = checked["cudnn_benchmark"]
         if "tf32" in checked:
-            torch.set_float32_matmul_precision("high" if checked["tf32"] else "highest")
-            torch.backends.cudnn.allow_tf32 = checked["tf32"]
+            set_tf32(checked["tf32"])  # either API, as the user's settings read (torch >= 2.9 has two)
         yield
 
 
@@ -273,6 +280,30 @@ def _run_child(label: str, overrides: Mapping[str, Any] | None, spec: dict[str, 
     return run
 
 
+def torchrun_refusal(target: str, *, module: bool, env: Mapping[str, str] | None = None) -> str | None:
+    """Why `--verify` cannot run in this process (a rank of a torchrun job: module doc), or None when it can."""
+    env = os.environ if env is None else env
+    if not launched_ranks(env):
+        return None
+    seen = ", ".join(f"{key}={env[key]}" for key in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID") if key in env)
+    command = f"trainfast doctor --verify {'-m ' if module else ''}{target}"
+    return (f"--verify cannot run under torchrun ({seen}): it re-runs the script once per fix, each in a fresh "
+            "single process, and here every rank would start its own, each inheriting RANK, WORLD_SIZE, "
+            "MASTER_ADDR/MASTER_PORT and torchrun's store, which would join or clash with this job's rendezvous. "
+            f"Run `{command}` without torchrun (a script that starts a process group from the environment runs "
+            "alone with RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 set), or this torchrun command "
+            "without --verify")
+
+
+def _free_device_memory() -> None:
+    """Hand back what the parent's measured run left on the device: its script has unwound, but CUDA's caching
+    allocator keeps the freed blocks reserved, memory a child's run of the same script needs. Without CUDA
+    initialised, nothing is asked (asking would create a context)."""
+    gc.collect()  # the script's tensors still in reference cycles (a model and its hooks, an exception's frames)
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def _fmt_overrides(overrides: Mapping[str, Any] | None) -> str:
     return ", ".join(f"{k}={v}" for k, v in (overrides or {}).items())
 
@@ -285,6 +316,9 @@ def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | Non
     recommendations with `measured_gain` filled and ranked (`rank_verified`), and the record for `Report.verify`."""
     if repeats < 1:
         raise ValueError(f"repeats={repeats!r}: give 1 or more")
+    refusal = torchrun_refusal(target, module=module)
+    if refusal is not None:
+        raise RuntimeError(refusal)
     say = progress or (lambda line: None)
     started = time.perf_counter()
     fixes: list[tuple[Recommendation, dict[str, Any]]] = []
@@ -314,6 +348,7 @@ def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | Non
     env, cwd = _child_env(), os.getcwd()
     timeout_s = None if max_seconds is None else max_seconds + startup_margin_s
     ratios: dict[str, list[float]] = {r.id: [] for r, _ in fixes}
+    _free_device_memory()
     with tempfile.TemporaryDirectory(prefix="trainfast-verify-") as tmp:
         for repeat in range(repeats):
             this_repeat: list[dict[str, Any]] = []

@@ -12,6 +12,7 @@ by identity (`cuda_identity`, `NvmlSource.index_of`), never by number.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
@@ -19,6 +20,8 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import psutil
 import torch
+
+log = logging.getLogger("trainfast.monitor")
 
 
 @runtime_checkable
@@ -188,6 +191,9 @@ class NvmlSource:
 
     `identities` (UUID, PCI location) of each GPU, read once at start, tie NVML's indices to torch's:
     `index_of(cuda_identity(i))` is the `gpu{j}` of torch's `cuda:{i}`.
+
+    A GPU NVML cannot open (NVML_ERROR_NO_PERMISSION for one a container hides, NVML_ERROR_GPU_IS_LOST) is skipped,
+    logged once and listed in `skipped`; the others keep their NVML index and identity.
     """
 
     def __init__(self) -> None:
@@ -197,6 +203,7 @@ class NvmlSource:
         self._nvml: Any = None
         self._handles: list[Any] = []
         self.identities: list[GpuIdentity] = []  # by NVML index; kept after close()
+        self.skipped: dict[int, str] = {}  # NVML index -> why its handle could not be taken
         self._keys: list[tuple[str, str, str, str, str]] = []
         self._errors: type[BaseException] = Exception
         try:
@@ -209,24 +216,41 @@ class NvmlSource:
         except Exception as exc:  # pynvml.NVMLError_LibraryNotFound and friends: no NVIDIA driver here
             self.unavailable_reason = f"nvmlInit failed ({type(exc).__name__}: {exc}); no NVIDIA driver?"
             return
+        # Only NVML's own errors mean "not readable"; anything else is a bug the Monitor should record.
+        errors = getattr(pynvml, "NVMLError", Exception)
         try:
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            count = pynvml.nvmlDeviceGetCount()
+            handles = {i: self._handle(pynvml, i, errors) for i in range(count)}
         except Exception as exc:
             self.unavailable_reason = f"NVML could not list the GPUs ({type(exc).__name__}: {exc})"
             self._shutdown(pynvml)
             return
-        if not handles:
-            self.unavailable_reason = "NVML is installed but sees no GPU"
+        opened = {i: handle for i, handle in handles.items() if handle is not None}
+        if not opened:
+            self.unavailable_reason = ("NVML is installed but sees no GPU" if not count else
+                                       f"NVML sees {count} GPU(s) but could open none: "
+                                       + "; ".join(f"GPU {i}: {why}" for i, why in self.skipped.items()))
             self._shutdown(pynvml)
             return
         self._nvml = pynvml
-        self._handles = handles
-        self.identities = [_nvml_identity(pynvml, handle) for handle in handles]
-        # Only NVML's own errors mean "not readable now"; anything else is a bug the Monitor should record.
-        self._errors = getattr(pynvml, "NVMLError", Exception)
+        self._handles = list(opened.values())
+        # by NVML index, a skipped GPU's empty: it matches no torch GPU, and the others keep their index
+        self.identities = [_nvml_identity(pynvml, opened[i]) if i in opened else GpuIdentity(None, None)
+                           for i in range(count)]
+        self._errors = errors
         self._keys = [(f"gpu{i}.util", f"gpu{i}.mem_used_bytes", f"gpu{i}.mem_total_bytes", f"gpu{i}.temp_c",
-                       f"gpu{i}.power_w") for i in range(len(handles))]
+                       f"gpu{i}.power_w") for i in opened]
         self.available = True
+
+    def _handle(self, nvml: Any, index: int, errors: type[BaseException]) -> Any:
+        """GPU `index`'s handle, or None (logged, in `skipped`) when NVML cannot open that one GPU."""
+        try:
+            return nvml.nvmlDeviceGetHandleByIndex(index)
+        except errors as exc:
+            self.skipped[index] = f"{type(exc).__name__}: {exc}"
+            log.warning("NVML: GPU %d skipped: nvmlDeviceGetHandleByIndex(%d) failed (%s); the other GPUs are still "
+                        "read", index, index, self.skipped[index])
+            return None
 
     def sample(self) -> dict[str, float]:
         nvml = self._nvml
