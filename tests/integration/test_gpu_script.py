@@ -1,31 +1,44 @@
-"""benchmarks/gpu.sh must run first time on a GPU machine: every part it runs is exercised here on the CPU, the
-GPU acceptance tests (tests/gpu) included, which skip here for lack of CUDA."""
+"""benchmarks/gpu.sh must run first time on a GPU machine: every part it runs is exercised here on the CPU (with
+ALLOW_CPU=1), the GPU acceptance tests (tests/gpu) included, which skip here for lack of CUDA. Without CUDA and
+without that opt-in it stops at once; missing packages are installed from a local wheel folder (WHEELS); its
+time limits leave a cold torch.compile room."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import stat
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import psutil
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
+GPU_SH = REPO / "benchmarks" / "gpu.sh"
 MIN_GPU_TESTS = 12
 NO_CUDA = "needs a CUDA device; this machine has none"  # tests/conftest.py's skip reason
+# Inductor's first compile of a small model on a GPU, fwd + bwd, nothing cached: 40-90 s.
+COLD_COMPILE_S = 90
+needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: gpu.sh would run")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_gpu_script_runs_every_part_on_the_cpu(tiny_images: Path, demo_cache: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    env = os.environ | {"OUT": str(out), "PYTHON": sys.executable, "SUITE_ARGS": "--device cpu --tiny",
-                        "LIMIT_SCALE": "3", "BENCH_ARGS": f"--data {tiny_images}", "TRAINFAST_CACHE": str(demo_cache)}
-    done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu.sh")], env=env, capture_output=True, text=True,
-                          timeout=580)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    env = os.environ | {"OUT": str(out), "PYTHON": sys.executable, "ALLOW_CPU": "1",  # the CPU smoke test, on purpose
+                        "SUITE_ARGS": "--device cpu --tiny", "LIMIT_SCALE": "3", "BENCH_ARGS": f"--data {tiny_images}",
+                        "TRAINFAST_CACHE": str(demo_cache)}
+    rc, stdout, stderr, _ = run_script(env, timeout=580)
+    assert rc == 0, stdout[-4000:] + stderr[-2000:]
+    assert "== ALLOW_CPU=1: CUDA is not available" in stdout, stdout[:2000]
     suite = json.loads((out / "gpu_suite.json").read_text())
     for name in ("precision", "channels_last", "compile", "h2d_bandwidth"):
         assert "error" not in suite[name], suite[name]
@@ -37,11 +50,12 @@ def test_gpu_script_runs_every_part_on_the_cpu(tiny_images: Path, demo_cache: Pa
     assert (out / "bench.png").stat().st_size > 10_000 and (out / "bench.md").exists()
     demo = json.loads((out / "demo.json").read_text())
     assert demo["speedup"] > 0
+    assert [r["device"] for r in demo["runs"]] == ["cpu", "cpu"] and demo["device"] == "cpu"
     assert json.loads((out / "env.json").read_text())["torch"]
     # the GPU acceptance tests ran as their own part, every one skipped (no CUDA here), and that part passed
     log = (out / "gpu_tests.log").read_text()
     assert "SKIPPED" in log and NO_CUDA in log, log[-3000:]
-    assert "== gpu_tests: exit 0" in done.stdout, done.stdout[-4000:]
+    assert "== gpu_tests: exit 0" in stdout, stdout[-4000:]
     root = ET.parse(out / "gpu_tests.xml").getroot()
     junit = root if root.tag == "testsuite" else root.find("testsuite")  # pytest writes <testsuites><testsuite>
     assert junit is not None
@@ -69,3 +83,122 @@ def test_gpu_acceptance_suite_collects_at_least_12_gpu_tests() -> None:
     assert len(gpu) >= MIN_GPU_TESTS, gpu
     unmarked, done = collect("-m", "not gpu")
     assert unmarked == [] and done.returncode == 5, done.stdout[-3000:]  # 5: every test deselected
+
+
+def run_script(env: dict[str, str], timeout: float) -> tuple[int | None, str, str, float]:
+    """gpu.sh's exit code (None: still running after `timeout`, then stopped with all it started), stdout, stderr
+    and seconds taken."""
+    started = time.monotonic()
+    with subprocess.Popen(["bash", str(GPU_SH)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # every process it started, by id: `timeout` puts each part in a process group of its own
+            for child in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.kill()
+            out, err = proc.communicate()
+            return None, out, err, time.monotonic() - started
+    return proc.returncode, out, err, time.monotonic() - started
+
+
+def script_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("ALLOW_CPU", "WHEELS")}
+    return env | {"OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "TRAINFAST_CACHE": str(tmp_path / "cache"),
+                  **extra}
+
+
+@needs_no_cuda
+@pytest.mark.timeout(90)
+def test_without_cuda_it_stops_at_once_saying_so(tmp_path: Path) -> None:
+    rc, out, err, seconds = run_script(script_env(tmp_path), timeout=60)
+    assert rc == 2, f"exit {rc} after {seconds:.0f} s\n{out[-3000:]}\n{err[-2000:]}"
+    assert seconds < 30, seconds
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"gpu.sh: CUDA is not available to {sys.executable} (torch {torch.__version__}")
+    assert "ALLOW_CPU=1" in lines[0]  # and how to run the CPU smoke test instead
+    assert not (tmp_path / "out").exists()  # no part started
+
+
+def hide_rich(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """An environment where the `rich` package is missing until a fake `pip install` runs; the pip log's path.
+
+    PYTHON is a wrapper that records `-m pip ...` instead of running it (and marks rich installed), and runs
+    this Python for everything else, with a sitecustomize that hides rich until then."""
+    hider, installed, pip_log = tmp_path / "hider", tmp_path / "installed", tmp_path / "pip.log"
+    hider.mkdir()
+    (hider / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "class _Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] == 'rich' and not os.path.exists({str(installed)!r}):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, _Hide())\n")
+    python = tmp_path / "python"
+    python.write_text("#!/usr/bin/env bash\n"
+                      f'if [ "$1" = -m ] && [ "$2" = pip ]; then shift 2; echo "$*" >> {str(pip_log)!r}; '
+                      f"touch {str(installed)!r}; exit 0; fi\n"
+                      f'exec {sys.executable!r} "$@"\n')
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    path = os.environ.get("PYTHONPATH")
+    env = script_env(tmp_path, PYTHON=str(python), PYTHONPATH=str(hider) + (os.pathsep + path if path else ""))
+    return env, pip_log
+
+
+@pytest.mark.timeout(90)
+def test_a_missing_package_stops_it_naming_the_package_and_the_wheel_folder_option(tmp_path: Path) -> None:
+    env, pip_log = hide_rich(tmp_path)
+    rc, out, err, seconds = run_script(env, timeout=60)
+    assert rc == 2 and seconds < 30, f"exit {rc} after {seconds:.0f} s\n{out[-3000:]}\n{err[-2000:]}"
+    lines = err.splitlines()
+    assert len(lines) == 1 and "missing" in lines[0] and " rich" in lines[0] and "WHEELS=" in lines[0], err
+    assert not pip_log.exists()
+
+
+@needs_no_cuda
+@pytest.mark.timeout(90)
+def test_missing_packages_are_installed_from_the_local_wheel_folder(tmp_path: Path) -> None:
+    env, pip_log = hide_rich(tmp_path)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    rc, out, err, seconds = run_script(env | {"WHEELS": str(wheels)}, timeout=60)
+    # installed offline, only what was missing; then on to the CUDA check, which stops it here
+    assert pip_log.read_text().split() == ["install", "--no-index", "--find-links", str(wheels), "rich"]
+    assert rc == 2, f"exit {rc} after {seconds:.0f} s\n{out[-3000:]}\n{err[-2000:]}"
+    assert err.splitlines()[-1].startswith("gpu.sh: CUDA is not available"), err
+
+
+def test_a_wheel_folder_that_is_not_a_folder_is_refused(tmp_path: Path) -> None:
+    env, pip_log = hide_rich(tmp_path)
+    rc, out, err, _ = run_script(env | {"WHEELS": str(tmp_path / "nowhere")}, timeout=60)
+    assert rc == 2 and not pip_log.exists(), out + err
+    assert err.splitlines() == [f"gpu.sh: WHEELS={tmp_path / 'nowhere'} is not a folder; give the folder that holds "
+                                "the wheels (pip download -d DIR PACKAGES on a machine with internet)"]
+
+
+def limits() -> dict[str, int]:
+    """Each part's time limit in gpu.sh, seconds before LIMIT_SCALE; "per_test": pytest's limit per GPU test."""
+    text = GPU_SH.read_text()
+    parts = {name: int(seconds) for name, seconds in re.findall(r"\bpart (\w+) (\d+) ", text)}
+    per_test = re.search(r"-o timeout=\$\(\( (\d+) \*", text)
+    assert per_test is not None, "gpu_tests: no per-test time limit found"
+    env_json = re.search(r"timeout \$\(\( (\d+) \* \$\{LIMIT_SCALE:-1\} \)\) \"\$PY\" -m trainfast env", text)
+    assert env_json is not None
+    return parts | {"env_json": int(env_json.group(1)), "per_test": int(per_test.group(1))}
+
+
+def test_time_limits_fit_a_cold_compile_and_add_up_to_the_header() -> None:
+    t = limits()
+    assert set(t) == {"env", "env_json", "gpu_tests", "gpu_suite", "bench", "demo", "per_test"}, t
+    # tests/gpu compiles once (compile="auto"): a cold compile and its A/B steps in one test, the others beside it
+    assert t["per_test"] >= COLD_COMPILE_S + 30, t
+    assert t["gpu_tests"] >= t["per_test"] + 60, t
+    # gpu_suite.py: a cold compile of its ConvNet, and the precision and channels_last A/Bs before it
+    assert t["gpu_suite"] >= COLD_COMPILE_S + 60, t
+    total = sum(v for k, v in t.items() if k != "per_test")
+    promised = re.search(r"they add up to (\d+) s", GPU_SH.read_text())
+    assert promised is not None and int(promised.group(1)) == total, (total, promised)
+    assert total <= 600, total  # one 10-minute command on a lent GPU machine

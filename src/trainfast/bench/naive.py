@@ -47,11 +47,12 @@ class RunStats:
     final_loss: float | None
     val_accuracy: float | None
     wall_s: float
+    device: str  # where the model trained: a speedup means something only between runs on the same device
 
     def to_json(self) -> dict[str, object]:
         return {"name": self.name, "samples_per_s": self.samples_per_s, "data_wait_fraction": self.data_wait_fraction,
                 "steps": self.steps, "final_loss": self.final_loss, "val_accuracy": self.val_accuracy,
-                "wall_s": self.wall_s}
+                "wall_s": self.wall_s, "device": self.device}
 
 
 def naive_fit(model: nn.Module, train: Dataset[tuple[torch.Tensor, int]], val: Dataset[tuple[torch.Tensor, int]], *,
@@ -86,7 +87,7 @@ def naive_fit(model: nn.Module, train: Dataset[tuple[torch.Tensor, int]], val: D
     summary = clock.summary()
     return RunStats(name="naive", samples_per_s=summary.samples_per_s, data_wait_fraction=summary.data_wait_fraction,
                     steps=epochs * batches_per_epoch, final_loss=sum(losses) / len(losses) if losses else None,
-                    val_accuracy=accuracy, wall_s=time.perf_counter() - started)
+                    val_accuracy=accuracy, wall_s=time.perf_counter() - started, device=str(device))
 
 
 def _evaluate(model: nn.Module, val: Dataset[tuple[torch.Tensor, int]], batch_size: int, device: torch.device) -> float:

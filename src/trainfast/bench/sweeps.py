@@ -8,7 +8,7 @@ Three measurements, each row printed as it finishes:
 - **precision**: fp32 vs mixed precision at batch sizes b, 2b, 4b on in-memory synthetic uint8 images
   (compute only, no decode); peak memory (CUDA allocator peak, or the growth of this process's peak RSS on
   the CPU; measured by peak.py) and samples/s. An out-of-memory row is recorded as `"oom": true`, never a crash.
-- **naive vs trainfast**: `trainfast demo`'s two runs on the same data.
+- **naive vs trainfast**: `trainfast demo`'s two runs on the same data, both on the bench's device.
 """
 
 from __future__ import annotations
@@ -253,11 +253,14 @@ def _describe_precision_row(row: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- (c) naive vs trainfast
-def measure_naive_vs_trainfast(spec: DemoSpec, root: Path, *, progress: Progress | None = None) -> dict[str, Any]:
-    """`trainfast demo`'s naive and trainfast runs on `root`; {"skipped": reason} where they cannot run.
+def measure_naive_vs_trainfast(spec: DemoSpec, root: Path, *, progress: Progress | None = None,
+                               device: torch.device | None = None) -> dict[str, Any]:
+    """`trainfast demo`'s naive and trainfast runs on `root`, both on `device` (default: "auto" resolved);
+    {"skipped": reason} where they cannot run.
 
     Both runs read the same samples: an image folder's JPEG files, or the shards of a packed `root` (the naive run
     then decodes the packed JPEGs in full, in the main process). `reads` says which, for each run."""
+    device = device or resolve_device("auto")
     kind = data_format(root)
     train = open_split(root, "train")
     classes = len(train.classes)
@@ -273,11 +276,11 @@ def measure_naive_vs_trainfast(spec: DemoSpec, root: Path, *, progress: Progress
              "trainfast": {"format": kind, "decode": "draft", "workers": "auto"}}
     if progress is not None:
         data = ", both reading the packed shards" if kind == "packed" else ""
-        progress(f"naive vs trainfast: naive run ({spec.epochs} epochs x {batches} batches{data}) ...")
-    naive = run_naive(spec, root, batches)
+        progress(f"naive vs trainfast: naive run on {device} ({spec.epochs} epochs x {batches} batches{data}) ...")
+    naive = run_naive(spec, root, batches, device=device)
     if progress is not None:
-        progress(f"naive vs trainfast: naive {naive.samples_per_s:,.0f} samples/s; trainfast run ...")
-    fast = run_trainfast(spec, root, batches)
+        progress(f"naive vs trainfast: naive {naive.samples_per_s:,.0f} samples/s; trainfast run on {device} ...")
+    fast = run_trainfast(spec, root, batches, device=device)
     speedup = fast.samples_per_s / naive.samples_per_s if naive.samples_per_s > 0 else None
     if progress is not None:
         progress(f"naive vs trainfast: trainfast {fast.samples_per_s:,.0f} samples/s"
@@ -303,7 +306,7 @@ def run_bench(spec: BenchSpec, root: Path, *, progress: Progress | None = None, 
                                limit_batches=spec.worker_batches, seed=spec.seed, device=device, progress=progress)
         precision = measure_precision(batch_sizes=batch_sizes, steps=spec.precision_steps,
                                       image_size=spec.image_size, seed=spec.seed, device=device, progress=progress)
-        versus = measure_naive_vs_trainfast(demo, root, progress=progress)
+        versus = measure_naive_vs_trainfast(demo, root, progress=progress, device=device)
     timed = [r for r in rows if r["samples_per_s"]]
     best = max(timed, key=lambda r: r["samples_per_s"]) if timed else None
     return {

@@ -136,7 +136,16 @@ def versus_line(report: dict[str, Any]) -> str:
     runs = f" ({epochs} x {spec['batches_per_epoch']} batches, same model and data)" if spec else ""
     return (f"naive vs trainfast{runs}: naive {naive['samples_per_s']:,.0f} samples/s "
             f"({naive['data_wait_fraction']:.0%} data wait) -> trainfast {fast['samples_per_s']:,.0f} samples/s "
-            f"({fast['data_wait_fraction']:.0%} data wait): {speedup}{_reads(v.get('reads'))}")
+            f"({fast['data_wait_fraction']:.0%} data wait): {speedup}{_devices(naive, fast)}{_reads(v.get('reads'))}")
+
+
+def _devices(naive: dict[str, Any], fast: dict[str, Any]) -> str:
+    """Where each run trained, where the report says (reports before runs recorded it say nothing); two devices
+    are named apart, since their ratio then measures the hardware as much as the practices."""
+    a, b = naive.get("device"), fast.get("device")
+    if a is None or b is None:
+        return ""
+    return f", both on {a}" if a == b else f" (naive on {a}, trainfast on {b}: not comparable)"
 
 
 def _reads(reads: dict[str, Any] | None) -> str:

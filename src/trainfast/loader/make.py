@@ -206,7 +206,8 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
     Shuffle order and per-batch augmentation seeds depend only on (seed, epoch, batch), never on the
     worker count. `rank`/`world_size` default to torchrun's `RANK`/`WORLD_SIZE`. `workers="tuned"` takes
     workers, prefetch, pinning, the backend and (for CPU training) intra-op threads from `trainfast tune`'s result
-    for this dataset and batch size, falling back to "auto" when there is none.
+    for this dataset and batch size, falling back to "auto" when there is none; under torchrun the tuned workers and
+    threads are scaled to this process's share of the CPUs (the tuning measured one process owning them all).
 
     `backend="threads"`: the workers are threads of this process, each making whole batches (`ThreadLoader`: no
     IPC, for decoders that release the GIL, as Pillow's JPEG decode). Their augmentation is reproducible only when

@@ -20,7 +20,7 @@ from trainfast.loader.auto import LoaderPlan, plan_loader
 from trainfast.loader.faults import fit_shared_memory
 from trainfast.loader.options import LoaderOptions, check_choice, is_int
 from trainfast.loader.prefetch import Normalize
-from trainfast.loader.tuned import WorkerSettings
+from trainfast.loader.tuned import WorkerSettings, for_share
 from trainfast.loader.tuned import load as tuned_config
 
 log = logging.getLogger("trainfast")
@@ -59,8 +59,9 @@ def resolve_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: i
     Reads from the environment: `RANK` and `WORLD_SIZE` (torchrun's; 0 and 1 without them) where `options`
     leaves rank/world_size None; `LOCAL_WORLD_SIZE` (processes sharing this machine's CPUs) and the CPUs this
     process may use; with `device="auto"`, whether CUDA is available; with `workers="tuned"`, `trainfast tune`'s
-    result in the cache; with workers, the free space of /dev/shm (prefetch_factor is lowered to fit, and a
-    `LoaderError` is raised if even 1 cannot). Invalid input raises ValueError or TypeError, as `make_loader`.
+    result in the cache (its workers and threads scaled to this process's share of the CPUs); with workers, the
+    free space of /dev/shm (prefetch_factor is lowered to fit, and a `LoaderError` is raised if even 1 cannot).
+    Invalid input raises ValueError or TypeError, as `make_loader`.
     """
     check_batch_size(batch_size)
     options = options if options is not None else LoaderOptions()
@@ -69,14 +70,16 @@ def resolve_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: i
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if options.world_size is None else options.world_size
     # torchrun starts one process per device; they share this machine's CPUs.
     local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    cpus = max(1, available_cpus() // local_procs)
+    machine_cpus = available_cpus()
+    cpus = max(1, machine_cpus // local_procs)
 
     tensors = _in_memory_tensors(dataset)
     if tensors is None and not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
         raise TypeError(f"make_loader needs a map-style dataset (with __getitem__ and __len__) or tensors; "
                         f"got {type(dataset).__name__}")
     n = tensors[0].shape[0] if tensors is not None else len(dataset)  # type: ignore[arg-type]
-    plan = _plan(dataset, batch_size, options, tensors, n, target, cpus)
+    plan = _plan(dataset, batch_size, options, tensors, n, target, cpus, machine_cpus=machine_cpus,
+                 local_procs=local_procs)
     norm = options.normalize if options.normalize is not None else getattr(dataset, "normalize", None)
     samples = cast(Dataset[Any], dataset)  # any sequence of samples works, as with DataLoader
     in_place = tensors is not None and plan.num_workers == 0
@@ -125,10 +128,17 @@ def _for_threads(plan: LoaderPlan) -> LoaderPlan:
 
 
 def _plan(dataset: Any, batch_size: int, options: LoaderOptions, tensors: tuple[torch.Tensor, ...] | None,
-          n: int, target: str, cpus: int) -> LoaderPlan:
-    """`plan_loader` for these options, with `trainfast tune`'s result in place of "auto" for `workers="tuned"`."""
+          n: int, target: str, cpus: int, *, machine_cpus: int, local_procs: int) -> LoaderPlan:
+    """`plan_loader` for these options, with `trainfast tune`'s result in place of "auto" for `workers="tuned"`:
+    scaled to this process's `cpus` when `local_procs` processes share the machine's `machine_cpus`."""
     workers, prefetch_factor, pin_memory = options.workers, options.prefetch_factor, options.pin_memory
-    tuned = _tuned_settings(dataset, batch_size, target) if workers == "tuned" else None
+    measured = _tuned_settings(dataset, batch_size, target) if workers == "tuned" else None
+    tuned, shared = measured, None
+    if measured is not None:
+        tuned = for_share(measured, machine_cpus=machine_cpus, share_cpus=cpus)
+        if tuned != measured:
+            shared = _share_reason(measured, tuned, machine_cpus=machine_cpus, cpus=cpus, local_procs=local_procs)
+            log.info("make_loader: %s", shared)
     if tuned is not None:
         workers, prefetch_factor, pin_memory = tuned.num_workers, tuned.prefetch_factor or "auto", tuned.pin_memory
     plan = plan_loader(workers="auto" if workers == "tuned" else workers, pin_memory=pin_memory,
@@ -136,10 +146,23 @@ def _plan(dataset: Any, batch_size: int, options: LoaderOptions, tensors: tuple[
                        drop_last=options.drop_last, shuffle=options.shuffle, dataset_len=n,
                        in_memory=tensors is not None, target=target, cpus=cpus,
                        on_device=tensors is not None and all(t.device.type != "cpu" for t in tensors))
-    if tuned is not None:  # the tuning's backend too ("threads" is kept when the options ask for it)
+    if tuned is not None and measured is not None:  # the tuning's backend too ("threads" kept when asked for)
         plan = replace(plan, cpu_threads=tuned.cpu_threads, backend=tuned.backend,
-                       reasons=(f"tuned by measurement ({tuned.label()})", *plan.reasons))
+                       reasons=(f"tuned by measurement ({measured.label()})", *((shared,) if shared else ()),
+                                *plan.reasons))
     return plan
+
+
+def _share_reason(measured: WorkerSettings, scaled: WorkerSettings, *, machine_cpus: int, cpus: int,
+                  local_procs: int) -> str:
+    """Why a tuning's workers and threads were cut: each of torchrun's local processes would otherwise start all
+    of them (8 ranks x 14 tuned workers = 112 processes on 16 cores)."""
+    changes = [f"workers {measured.num_workers} -> {scaled.num_workers}"]
+    if measured.cpu_threads is not None and scaled.cpu_threads is not None:
+        changes.append(f"cpu_threads {measured.cpu_threads} -> {scaled.cpu_threads}")
+    return (f"workers='tuned' scaled to this process's share: LOCAL_WORLD_SIZE={local_procs} processes share "
+            f"{machine_cpus} CPUs ({cpus} each) and the tuning measured one process with all {machine_cpus}: "
+            + ", ".join(changes))
 
 
 def _fit_shared_memory(plan: LoaderPlan, tensors: tuple[torch.Tensor, ...] | None, dataset: Any,

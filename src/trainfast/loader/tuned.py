@@ -12,7 +12,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -65,6 +65,21 @@ class WorkerSettings:
                 and config.backend in ("processes", "threads")):
             raise ValueError(f"not a loader configuration: {data!r}")
         return config
+
+
+def for_share(settings: WorkerSettings, *, machine_cpus: int, share_cpus: int) -> WorkerSettings:
+    """`settings`, tuned for one process owning all `machine_cpus`, scaled to a process that owns `share_cpus` of
+    them (torchrun: LOCAL_WORLD_SIZE processes on the machine). Workers and intra-op threads take the same share,
+    rounded down, since every process beyond the cores slows all of them; but at least one of each that the tuning
+    had: it measured workers faster than none. Prefetch, pinning and the backend are per worker: kept."""
+    if share_cpus >= machine_cpus:
+        return settings
+
+    def scaled(n: int) -> int:
+        return max(1, n * share_cpus // machine_cpus) if n > 0 else 0
+
+    threads = None if settings.cpu_threads is None else scaled(settings.cpu_threads)
+    return replace(settings, num_workers=scaled(settings.num_workers), cpu_threads=threads)
 
 
 def dataset_fingerprint(dataset: Any) -> str:
