@@ -24,6 +24,7 @@ FITS = 4
 def main() -> None:
     faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)  # a hung rank shows where it hangs, then exits
     out = Path(sys.argv[1])
+    device = sys.argv[2] if len(sys.argv) > 2 else "cpu"  # "cuda": NCCL, one GPU per rank
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(64, 8, generator=g), torch.randint(0, 4, (64,), generator=g)
     seed_all(0)
@@ -33,9 +34,9 @@ def main() -> None:
     for fit in range(FITS):
         if fit > 0 and rank == 0:
             time.sleep(LAG_S)
-        config = TrainConfig(epochs=1, device="cpu", progress=False, warmup_steps=1, compile=False)
+        config = TrainConfig(epochs=1, device=device, progress=False, warmup_steps=1, compile=False)
         steps.append(Trainer(model, config=config).fit(make_loader((x, y), 8, seed=1, workers=0)).steps)
-    digest = hashlib.sha256(b"".join(v.numpy().tobytes() for v in model.state_dict().values())).hexdigest()
+    digest = hashlib.sha256(b"".join(v.cpu().numpy().tobytes() for v in model.state_dict().values())).hexdigest()
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.json").write_text(json.dumps({"digest": digest, "steps": steps}))
 

@@ -58,6 +58,7 @@ def main():
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--compile", default="auto")
+    parser.add_argument("--device", default="cpu")  # "cuda": NCCL, one GPU per rank
     args = parser.parse_args()
     rank = int(os.environ.get("RANK", 0))
     delay = random.Random(args.seed) if rank == 1 else None
@@ -67,11 +68,11 @@ def main():
     sampler = DistributedSampler(dataset, num_replicas=int(os.environ.get("WORLD_SIZE", 1)), rank=rank, shuffle=False)
     loader = DataLoader(dataset, batch_size=4, sampler=sampler)
     compile_setting = {"auto": "auto", "true": True, "false": False}[args.compile]
-    config = TrainConfig(epochs=1, device="cpu", progress=False, precision="auto", channels_last="auto",
+    config = TrainConfig(epochs=1, device=args.device, progress=False, precision="auto", channels_last="auto",
                          compile=compile_setting, cpu_threads=1, warmup_steps=0)
     trainer = Trainer(Net(delay), config=config)
     result = trainer.fit(loader).to_json()
-    digest = hashlib.sha256(b"".join(p.detach().float().numpy().tobytes() for p in trainer.model.parameters()))
+    digest = hashlib.sha256(b"".join(p.detach().float().cpu().numpy().tobytes() for p in trainer.model.parameters()))
     choices = {name: result[name]["chosen"] for name in ("precision", "channels_last", "compile")}
     measured = {name: result[name]["measured"] for name in ("precision", "channels_last", "compile")}
     out = Path(args.out)
