@@ -8,12 +8,16 @@ Variants (same model, data and steps as `trainfast demo --quick`), interleaved, 
   + bf16 autocast       ... and precision "auto": bf16-mixed where the CPU has native bf16, confirmed by an A/B
                         against fp32 on the first steps (everything auto: the demo's run)
   + compile auto        ... and compile="auto" (only with --compile: each run pays a compile)
+  A/Bs pinned           everything as "+ bf16 autocast" with the outcome of its two A/Bs given (bf16-mixed,
+                        channels_last=True: what they choose on a CPU with native bf16): "+ bf16 autocast" over
+                        this is what the A/Bs cost
   thread workers        everything auto as "+ bf16 autocast", the training loader's worker a thread of the
                         training process (backend="threads") instead of a process: what "auto" would gain by
                         choosing threads here
 
     python benchmarks/demo_ablation.py --json demo_ablation.json
     python benchmarks/demo_ablation.py --variants naive,"+ bf16 autocast","thread workers" --repeats 6
+    python benchmarks/demo_ablation.py --variants "+ bf16 autocast","A/Bs pinned" --repeats 6
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ def main() -> None:
                                                                            precision="32-true")),
         "+ bf16 autocast": variant("+ bf16 autocast", lambda: run_trainfast(QUICK, root, per_epoch)),
     }
+    variants["A/Bs pinned"] = variant("A/Bs pinned", lambda: run_trainfast(QUICK, root, per_epoch,
+                                                                           precision="bf16-mixed", channels_last=True))
     if args.compile:
         variants["+ compile auto"] = variant("+ compile auto", lambda: run_trainfast(QUICK, root, per_epoch,
                                                                                      compile_model="auto"))

@@ -79,9 +79,12 @@ def check_launch(env: Mapping[str, str]) -> None:
 
 
 def dist_info(env: dict[str, str] | None = None) -> DistInfo:
-    """The torchrun environment (all defaults without it); ValueError for a launch that is no torchrun's but
-    starts several copies (`check_launch`)."""
+    """The torchrun environment (all defaults without it), or the process group the user already initialised;
+    ValueError for a launch that is no torchrun's but starts several copies (`check_launch`)."""
     env = dict(os.environ) if env is None else env
+    if dist_initialized():  # the user's own set-up (e.g. from SLURM's variables): its rank and size, as fit uses it
+        return DistInfo(rank=dist.get_rank(), local_rank=int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", 0))),
+                        world_size=dist.get_world_size(), restart=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
     check_launch(env)
     return DistInfo(rank=int(env.get("RANK", 0)), local_rank=int(env.get("LOCAL_RANK", 0)),
                     world_size=int(env.get("WORLD_SIZE", 1)), restart=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))

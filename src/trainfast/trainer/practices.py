@@ -112,8 +112,6 @@ class Practices:
         self._queue: list[_AB] = []
         self._clock = DeviceClock(device)
         self._cycle_s = 0.0
-        self._planned = 0
-        self._steps = 0
         self._eager_step_s: float | None = None
         self._frames_at_choice: int | None = None
         self._agree: Agree = lambda values: values
@@ -132,7 +130,7 @@ class Practices:
         with what its start chose (`saved`, from the checkpoint), since another choice would change its results."""
         self.model = self.eager = eager
         self._agree = agree
-        self._planned = planned_steps = int(-agree([-float(planned_steps)])[0])
+        planned_steps = int(-agree([-float(planned_steps)])[0])  # the fewest any rank plans
         want_precision, want_layout, want_compile = self.requested
         saved = saved or {}
         affordable = fresh and planned_steps >= MIN_RUN_MULTIPLE * CYCLES
@@ -214,7 +212,6 @@ class Practices:
         if ab.practice == "compile" and ab.cycle == 2:
             ab.frames_before = dynamo_counts()["frames"]  # recompiles count from the measured compiled steps on
         ab.cycle += 1
-        self._steps += 1
         if ab.cycle == CYCLES:
             self._finish()
 
@@ -265,7 +262,7 @@ class Practices:
         mixed, fp32 = ab.settings
         if ab.out_of_memory is not None:
             return Choice("precision", mixed, f"kept {mixed}: fp32 ran out of memory on the first batch "
-                                              f"({ab.out_of_memory})", {}, ab.guard)
+                                              f"({ab.out_of_memory})", {}, _guard_losses(ab))
         ratio = medians[fp32] / medians[mixed]
         figures = f"({_ms(medians)}{_of(ab)})"
         if ab.guard_gap > LOSS_TOLERANCE:

@@ -83,3 +83,16 @@ def test_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_device("auto", TORCHRUN_2) == torch.device("cpu")
     with pytest.raises(ValueError, match="CUDA is not available"):
         resolve_device("cuda", TORCHRUN_2)
+
+
+def test_a_process_group_the_script_initialised_itself_is_taken_as_it_is() -> None:
+    """A script that maps SLURM's variables itself and calls init_process_group(rank=..., world_size=...) is no
+    uncoordinated copy: its group's rank and size are the run's."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        info = dist_info(SRUN_4)  # srun's variables, no RANK: refused without the group
+    finally:
+        dist.destroy_process_group()
+    assert (info.rank, info.world_size, info.local_rank) == (0, 1, 2)
