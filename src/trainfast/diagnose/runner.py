@@ -240,7 +240,9 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
     # torch_settings() puts back the thread count, cudnn.benchmark and TF32 the script may change
     with torch_settings(), Monitor(interval_s=monitor_interval_s) as monitor, \
             Instrumentation(timeline, on_loader=on_loader) as inst:
-        probe = thread_probe(timeline, inst) if probe_threads else None  # torch_settings() puts the threads back
+        # (torch_settings() puts the threads back.) Not under torchrun: whether to probe is decided on this rank's
+        # own timings, and a rank probing steps its peers do not would be a decision the ranks do not share.
+        probe = thread_probe(timeline, inst) if probe_threads and agreement is None else None
         measured_benchmark: list[bool] = []  # cudnn.benchmark as the script had it when the measured steps ended
 
         def on_phase_end(phase: str) -> None:

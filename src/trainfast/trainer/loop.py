@@ -520,8 +520,9 @@ class Trainer:
             return None
         plan = getattr(loader, "plan", None)
         if plan is not None and plan.cpu_threads is not None:
-            log.info("cpu_threads=%d: measured best beside %d worker(s) by trainfast tune", plan.cpu_threads,
-                     plan.num_workers)
+            shared = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1  # make_loader scaled the tuning to this rank
+            log.info("cpu_threads=%d beside %d worker(s): trainfast tune's measured best%s", plan.cpu_threads,
+                     plan.num_workers, ", scaled to this process's share of the CPUs" if shared else "")
             return int(plan.cpu_threads)
         workers = plan.num_workers if plan is not None else getattr(loader, "num_workers", 0)
         cpus = max(1, available_cpus() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # ranks share the machine

@@ -168,3 +168,18 @@ def test_agreement_on_torchruns_agent_store(server: Any) -> None:
     assert agreement is not None and agreement.propose(40, "steps") == (40, "steps")
     assert [k for k in server.list_keys() if k.endswith("/stop")] == [k for k in server.list_keys()
                                                                        if k.startswith("trainfast/doctor/attempt_3/")]
+
+
+def test_the_thread_probe_is_off_under_an_agreement(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+                                                    server: Any) -> None:
+    """Whether to probe another thread count is decided on each rank's own timings: under torchrun that is a
+    decision the ranks would not share (one rank measuring extra steps the other does not), so it is not taken."""
+    probes: list[object] = []
+    monkeypatch.setattr(runner, "rank_agreement", lambda: StoreStop(client(server), 0))
+    monkeypatch.setattr(runner, "thread_probe", lambda timeline, inst: probes.append(timeline) or (lambda p: None))
+    script = tmp_path / "loop.py"
+    script.write_text("import torch\nm = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                      "for _ in range(30):\n    m(torch.randn(8, 4)).sum().backward()\n    opt.step()\n"
+                      "    opt.zero_grad()\n")
+    runner.run_doctor(str(script), steps=5, warmup=1)
+    assert probes == []
