@@ -45,6 +45,10 @@ class StepClock:
         """Start timing afresh (after validation or a checkpoint, which are not training steps)."""
         self._last_end = time.perf_counter()
 
+    def leave_out(self, seconds: float) -> None:
+        """`seconds` of the step being timed were no training (the peak FLOP/s, measured once): its time drops them."""
+        self._last_end += seconds
+
     def waited(self, started: float, now: float) -> None:
         """The loop asked for a batch at `started` and got it at `now`."""
         self.wait_s.append(now - started)

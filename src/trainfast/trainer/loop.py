@@ -7,9 +7,11 @@ for the device: the loss is summed on the device and read only at log points.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -25,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainfast.device import resolve_device, synchronize
 from trainfast.envcheck.environment import checkpoint_preflight, preflight
+from trainfast.flops import FlopCounter, Peak, Utilisation, peak_flops, precision_of, utilisation
 from trainfast.host import available_cpus
 from trainfast.loader.auto import threads_beside_workers
 from trainfast.loader.seeding import seed_all
@@ -111,6 +114,8 @@ class Trainer:
         self.practices = Practices(self.model, self.optimizer, self.device, caps, precision, channels_last,
                                    requested_precision=cfg.precision, requested_channels_last=cfg.channels_last,
                                    requested_compile=cfg.compile)
+        # MFU's peak is the settled precision's; taken in the loop, its time is left out of the step it falls in
+        self.practices.on_settled = lambda: self.clock.leave_out(self._take_peak())
         self.loss_fn = loss_fn or F.cross_entropy
         self.batch_loss = renamed_step_fn(batch_loss, step_fn)
         self.scaler = LossScaler(self.device, precision.needs_scaler, cfg.scaler)
@@ -129,6 +134,11 @@ class Trainer:
         self._ddp: DistributedDataParallel | None = None
         self._stop_schedule = StopSchedule()
         self._saved_practices: dict[str, str] | None = None  # what the run a checkpoint resumes chose
+        # MFU: one batch's FLOPs (counted once per Trainer, on a warm-up step) and the peak (once per fit)
+        self._flops: int | None = None
+        self._flops_samples = 0
+        self._peak: Peak | None = None
+        self._mfu_reason: str | None = None  # why no FLOPs are counted
         log.info("precision: %s (%s); device: %s", precision.name, precision.reason, self.device)
 
     @property
@@ -166,6 +176,10 @@ class Trainer:
             stack.enter_context(torch_settings(cpu_threads=self._cpu_threads(train_loader), tf32=self.precision.tf32,
                                                cudnn_benchmark=cfg.cudnn_benchmark if self.device.type == "cuda"
                                                else None))
+            if self._flops is None:
+                self._mfu_reason = _uncountable(self.practices.model)
+            if not self.practices.measuring and self.epoch < cfg.epochs:  # no A/B to wait for: the peak now,
+                self._take_peak()  # before any step is timed
             signals = parse_signals(cfg.stop_signals)
             stop = stack.enter_context(StopSignal(signals))
             stack.enter_context(workers_ignore(signals, train_loader, val_loader))  # the main process stops them
@@ -247,6 +261,9 @@ class Trainer:
         model, autocast = practices.current()  # autocast is reusable across steps (not re-entrant, not needed)
         model.train()
         batches = iter(self._prefetch(position(loader, self.epoch, self.batch)))
+        # FLOPs are counted on a step StepClock leaves out of every rate (a warm-up step: the dispatch mode slows it);
+        # A/Bs still running don't change it (the same matmuls at any precision or layout; compile's A/B starts eager)
+        count_flops = self._flops is None and self._mfu_reason is None and len(clock.step_s) < clock.warmup_steps
         clock.resume()
         for b in range(self.batch, n_batches):
             asked = time.perf_counter()
@@ -259,7 +276,11 @@ class Trainer:
                 batch = practices.begin(batch, self._loss, cycle_start=b % acc == 0)
                 model, autocast = practices.current()
             with self._sync_grads(boundary):
-                loss = forward_backward(model, batch, self._loss, autocast, self.scaler, acc)
+                if count_flops:  # once: a local test is all the other steps pay
+                    count_flops = False
+                    loss = self._counted_step(model, batch, autocast)
+                else:
+                    loss = forward_backward(model, batch, self._loss, autocast, self.scaler, acc)
             if boundary:
                 optimizer_step(self.optimizer, self.scaler, self._params, cfg.grad_clip)
                 self._schedule_step()
@@ -282,6 +303,30 @@ class Trainer:
                     stop.agreed = True
                     break
         self._show(bar, time.perf_counter())
+
+    def _counted_step(self, model: nn.Module, batch: Any, autocast: AbstractContextManager[object]) -> torch.Tensor:
+        """forward_backward under a FLOP counter; the optimizer's FLOPs (elementwise) would count 0 anyway."""
+        with FlopCounter() as counter:
+            loss = forward_backward(model, batch, self._loss, autocast, self.scaler, self.config.accumulate)
+        self._flops, self._flops_samples = counter.total, batch_samples(batch)
+        return loss
+
+    def _take_peak(self) -> float:
+        """The device's peak FLOP/s at the run's matmul precision and thread count, when FLOPs are counted; the
+        seconds it took. A measured peak (CPU, unlisted GPU) costs ~1 s, once per process for each setting."""
+        started = time.perf_counter()
+        if self._mfu_reason is None:
+            dtype = self.precision.autocast_dtype or _weight_dtype(self.model)
+            self._peak = _peak(self.device, dtype, torch.get_num_threads(), precision_of(self.device, dtype))
+            if self.dist.is_main:
+                log.info("peak %.3g TFLOP/s for MFU (%s)", self._peak.flops_per_s / 1e12, self._peak.source)
+        return time.perf_counter() - started
+
+    def _utilisation(self, samples_per_s: float) -> Utilisation | None:
+        """MFU at this device's rate of `samples_per_s`: the counted batch's FLOPs over its time at that rate."""
+        if self._flops is None or self._peak is None or not samples_per_s > 0:
+            return None
+        return utilisation(self._flops, self._flops_samples / samples_per_s, self._peak)
 
     def _schedule_step(self) -> None:
         assert self.scheduler is not None
@@ -327,8 +372,9 @@ class Trainer:
             self._read_window()
         bar.loss, bar.loss_scale = self.last_loss, self.last_loss_scale
         window = self.clock.summary(last=RATE_WINDOW)
+        use = self._utilisation(window.samples_per_s)  # this device's share of the rate, against its own peak
         bar.show(now, step=self.step, epoch=self.epoch, samples_per_s=window.samples_per_s * self.dist.world_size,
-                 wait_fraction=window.data_wait_fraction)
+                 wait_fraction=window.data_wait_fraction, mfu=use.mfu if use is not None else None)
 
     def _read_window(self) -> float | None:
         if self._loss_count == 0:  # every rank has taken the same steps: all return here together
@@ -499,6 +545,11 @@ class Trainer:
     def _result(self, wall_s: float) -> FitResult:
         summary = self.clock.summary()
         metrics = self.last_metrics
+        use = self._utilisation(summary.samples_per_s)
+        reason = use.error if use is not None else self._mfu_reason or (
+            "no training step was counted" if self._flops is None
+            else "the run ended before its A/Bs settled the precision" if self._peak is None
+            else "no training step was timed")
         ckpt = Path(self.config.checkpoint_dir) if self.config.checkpoint_dir else None
         return FitResult(  # samples/s of the whole job: every rank trains as many samples per step
             epochs=self.epoch, steps=self.step, samples_per_s=summary.samples_per_s * self.dist.world_size,
@@ -507,7 +558,10 @@ class Trainer:
             checkpoint=str(ckpt / "last.pt") if ckpt and (ckpt / "last.pt").exists() else None,
             best_checkpoint=str(ckpt / "best.pt") if ckpt and (ckpt / "best.pt").exists() else None,
             skipped_steps=self.scaler.skipped_steps if self.scaler.enabled else 0, wall_s=wall_s,
-            loss_scale=self.scaler.loss_scale if self.scaler.enabled else None, **self.practices.to_json())
+            loss_scale=self.scaler.loss_scale if self.scaler.enabled else None, **self.practices.to_json(),
+            mfu=use.mfu if use is not None else None, mfu_reason=reason, flops_per_step=self._flops,
+            peak_flops_per_s=self._peak.flops_per_s if self._peak else None,
+            peak_source=self._peak.source if self._peak else None)
 
     def _prefetch(self, loader: Iterable[Any]) -> Iterable[Any]:
         return prefetch(loader, self.device, lambda: self.practices.channels_last)
@@ -530,3 +584,27 @@ class Trainer:
         log.info("cpu_threads=%d: %d usable CPUs shared with %d loader worker(s)", chosen, cpus, workers)
         return chosen
 
+
+@functools.lru_cache(maxsize=16)
+def _peak(device: torch.device, dtype: torch.dtype, threads: int, precision: str) -> Peak:
+    """peak_flops, once per process for each setting (`precision` tells TF32 on from off): a measured peak costs
+    ~1 s, which a process that fits many times (a sweep, the tests) would pay at each."""
+    return peak_flops(device, dtype, threads=threads)
+
+
+def _weight_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype an un-autocast model's matmuls run in: its first floating parameter's (float32 if unusual)."""
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return dtype if dtype in (torch.bfloat16, torch.float16, torch.float64) else torch.float32
+
+
+def _uncountable(model: nn.Module) -> str | None:
+    """Why this model's FLOPs can't be counted: a compiled module would recompile under the counter's dispatch mode
+    (and its graph holds no aten calls to count). None when they can."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # not loaded: nothing was compiled
+    if eval_frame is not None and any(isinstance(m, eval_frame.OptimizedModule) for m in model.modules()):
+        reason = ("FLOPs not counted: the model is compiled, and counting them (a dispatch mode) would make "
+                  "torch.compile recompile")
+        log.info("MFU: %s", reason)
+        return reason
+    return None

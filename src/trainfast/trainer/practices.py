@@ -115,6 +115,7 @@ class Practices:
         self._eager_step_s: float | None = None
         self._frames_at_choice: int | None = None
         self._agree: Agree = lambda values: values
+        self.on_settled: Callable[[], None] = lambda: None  # called when the last A/B has decided
 
     @property
     def measuring(self) -> bool:
@@ -222,6 +223,8 @@ class Practices:
         log.info("%s=%s: %s", choice.practice, choice.chosen, choice.reason)
         if self._queue:
             self._apply(self._queue[0].practice, self._queue[0].setting())
+        else:
+            self.on_settled()
 
     def _agreed(self, ab: _AB) -> _AB:
         """`ab` with the figures all ranks decide on: each timed step the slowest rank's (a DDP step waits for every

@@ -65,14 +65,16 @@ class ProgressReporter:
         """A log line shows a fresh loss; the bar makes do with the last one read."""
         return not self.tty
 
-    def show(self, now: float, *, step: int, epoch: int, samples_per_s: float, wait_fraction: float) -> None:
+    def show(self, now: float, *, step: int, epoch: int, samples_per_s: float, wait_fraction: float,
+             mfu: float | None = None) -> None:
         if not self.enabled:
             return
         self._next = now + self.interval_s
         loss = f" | loss {self.loss:.4f}" if self.loss is not None else ""
         if self.loss_scale is not None:
             loss += f" | scale {self.loss_scale:g}"
-        stats = f"{samples_per_s:,.0f} samples/s | data wait {wait_fraction:.0%}{loss}"
+        rate = f"{samples_per_s:,.0f} samples/s" + (f" (MFU {mfu:.1%})" if mfu is not None else "")
+        stats = f"{rate} | data wait {wait_fraction:.0%}{loss}"
         if self._bar is not None:
             self._bar.update(self._task, completed=step, description=f"epoch {epoch + 1}/{self.epochs}", stats=stats)
         else:

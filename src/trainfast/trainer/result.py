@@ -25,6 +25,12 @@ class FitResult:
     precision: dict[str, Any] | None = None
     channels_last: dict[str, Any] | None = None
     compile: dict[str, Any] | None = None
+    # Model FLOPs utilisation of the timed steps on one device (trainfast/flops.py), None with `mfu_reason`
+    mfu: float | None = None
+    mfu_reason: str | None = None
+    flops_per_step: int | None = None  # one batch's forward and backward (a micro-batch's under accumulation)
+    peak_flops_per_s: float | None = None
+    peak_source: str | None = None  # "table: ..." (a datasheet's dense figure) or "measured: ..."
 
     def to_json(self) -> dict[str, Any]:
         out = {"epochs": self.epochs, "steps": self.steps, "samples_per_s": self.samples_per_s,
@@ -32,5 +38,7 @@ class FitResult:
                "val_loss": self.val_loss, "val_accuracy": self.val_accuracy, "checkpoint": self.checkpoint,
                "best_checkpoint": self.best_checkpoint, "skipped_steps": self.skipped_steps, "wall_s": self.wall_s,
                "loss_scale": self.loss_scale, "precision": self.precision, "channels_last": self.channels_last,
-               "compile": self.compile}
+               "compile": self.compile, "mfu": self.mfu, "mfu_reason": self.mfu_reason,
+               "flops_per_step": self.flops_per_step, "peak_flops_per_s": self.peak_flops_per_s,
+               "peak_source": self.peak_source}
         return out | ({"monitor": self.monitor} if self.monitor is not None else {})
