@@ -1,4 +1,4 @@
-"""Pure functions over sampled series: percentiles, summary `Stats`, a window's mean, the GPU saw-tooth and RSS
+"""Pure functions over sampled series: percentiles, summary `Stats`, a window's mean, the GPU saw-tooth and memory
 growth.
 
 Kept free of threads and I/O so each can be tested from a table of plain lists.
@@ -99,8 +99,8 @@ def detect_sawtooth(values: Sequence[float], low: float = 30.0, high: float = 70
 def growth_per_minute(times: Sequence[float], values: Sequence[float]) -> float:
     """Least-squares slope of `values` against `times` (seconds), per minute; 0.0 with fewer than 2 points.
 
-    Used on worker RSS: copy-on-read (refcount writes touching a Python list of file names shared by
-    forked workers) shows as steady growth, one page per touched object, rather than as a high level.
+    Used on the workers' private memory: copy-on-read (refcount writes touching a Python list of file names shared
+    by forked workers) shows as steady growth, one page per touched object, rather than as a high level.
     """
     if len(times) != len(values):
         raise ValueError(f"times and values must have the same length, got {len(times)} and {len(values)}")
@@ -117,26 +117,36 @@ def growth_per_minute(times: Sequence[float], values: Sequence[float]) -> float:
 
 
 def sustained_growth_per_minute(times: Sequence[float], values: Sequence[float], counts: Sequence[float], *,
-                                since: float, min_points: int = 6, min_span_s: float = 5.0,
-                                min_relative: float = 0.05) -> float | None:
-    """Growth of the loader workers' RSS (bytes per minute) that is real, not start-up; None if too short to tell.
+                                since: float, started: Sequence[float] | None = None, min_points: int = 6,
+                                min_span_s: float = 5.0, min_relative: float = 0.05) -> float | None:
+    """Growth of the loader workers' memory (bytes per minute) that is real, not start-up; None if too short to tell.
 
+    Meant for `workers.private_bytes`, what copy-on-read grows (RSS does not grow with it: see PsutilSource).
     Only samples taken after `since` (workers up and warm: the end of the doctor's warm-up) and in the last
-    stretch with a steady, non-zero worker count count: workers starting at an epoch boundary add their whole
-    RSS to the sum, which a fit over the run reads as growth. The growth must be sustained (both halves of the
-    stretch grow) and large against where it started (`min_relative`), else 0.0: a cache warming up grows
-    once and stops; copy-on-read keeps going.
+    stretch of the same workers count: a steady, non-zero worker count (`counts`) and, when given, no worker
+    started (`started`, cumulative: `workers.started`) inside it. Workers starting at an epoch boundary add their
+    whole memory to the sum, which a fit over the run reads as growth, and non-persistent workers replaced
+    between two samples leave the count as it was. Trailing samples with no worker (the workers shut down as the
+    run stopped) are left out. The growth must be sustained and large against where it started
+    (`min_relative`), else 0.0: a cache warming up grows once and stops; copy-on-read keeps going. The figure is
+    the slower of the stretch's two halves' rates, so that a one-off step, which raises one half only, is not
+    taken for a rate.
     """
     if not len(times) == len(values) == len(counts):
         raise ValueError(f"times, values and counts must have the same length, got {len(times)}, {len(values)} "
                          f"and {len(counts)}")
-    points = [(t, v, c) for t, v, c in zip(times, values, counts, strict=True) if t >= since]
-    if not points or points[-1][2] <= 0:
+    if started is not None and len(started) != len(times):
+        raise ValueError(f"started must have the same length as times, got {len(started)} and {len(times)}")
+    generations = started if started is not None else [0.0] * len(times)
+    points = [(t, v, (c, g)) for t, v, c, g in zip(times, values, counts, generations, strict=True) if t >= since]
+    while points and points[-1][2][0] <= 0:
+        points.pop()
+    if not points:
         return None
     steady = points[-1][2]
     stretch: list[tuple[float, float]] = []
-    for t, v, c in reversed(points):
-        if c != steady:
+    for t, v, workers in reversed(points):
+        if workers != steady:
             break
         stretch.append((t, v))
     stretch.reverse()
@@ -144,8 +154,9 @@ def sustained_growth_per_minute(times: Sequence[float], values: Sequence[float],
         return None
     ts, vs = [t for t, _ in stretch], [v for _, v in stretch]
     half = len(stretch) // 2
-    if growth_per_minute(ts[:half], vs[:half]) <= 0 or growth_per_minute(ts[half:], vs[half:]) <= 0:
+    rates = growth_per_minute(ts[:half], vs[:half]), growth_per_minute(ts[half:], vs[half:])
+    if min(rates) <= 0:
         return 0.0
     if vs[0] <= 0 or (vs[-1] - vs[0]) / vs[0] < min_relative:
         return 0.0
-    return growth_per_minute(ts, vs)
+    return min(rates)

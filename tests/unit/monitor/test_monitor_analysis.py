@@ -180,3 +180,36 @@ def test_sustained_growth_per_minute(values: list[float], counts: list[int], sin
 def test_sustained_growth_rejects_mismatched_lengths() -> None:
     with pytest.raises(ValueError, match="same length"):
         sustained_growth_per_minute([0.0, 1.0], [1.0, 2.0], [2.0], since=0.0)
+
+
+def test_sustained_growth_ignores_the_workers_shutting_down_at_the_end() -> None:
+    """The run stopped and its workers exited before the last sample: the growth before still counts."""
+    values = [200 * MIB + 20 * MIB * t for t in TIMES[:11]] + [0.0]
+    counts = [2.0] * 11 + [0.0]
+    assert sustained_growth_per_minute(TIMES, values, counts, since=0.0) == pytest.approx(1200 * MIB)
+
+
+def test_sustained_growth_splits_at_workers_replaced_between_samples() -> None:
+    """Non-persistent workers restarted every 4 s, each time from a larger parent: the count never shows it and the
+    sum steps up at each restart, which the count alone reads as growth; `started` ends the stretch there."""
+    values = [400 * MIB] * 4 + [500 * MIB] * 4 + [600 * MIB] * 4
+    counts, started = [2.0] * 12, [2.0] * 4 + [4.0] * 4 + [6.0] * 4
+    assert sustained_growth_per_minute(TIMES, values, counts, since=0.0) > 100 * MIB  # the trap
+    assert sustained_growth_per_minute(TIMES, values, counts, since=0.0, started=started) is None  # 4 points, 3 s
+    assert sustained_growth_per_minute(TIMES, values, counts, since=0.0, started=[2.0] * 4 + [4.0] * 8) == 0.0
+    # copy-on-read in restarted workers: the new ones' own growth is measured, not the restart's drop
+    growing = [300 * MIB] * 4 + [50 * MIB + 20 * MIB * (t - 4) for t in TIMES[4:]]
+    assert sustained_growth_per_minute(TIMES, growing, counts, since=0.0, started=[2.0] * 4 + [4.0] * 8) == (
+        pytest.approx(1200 * MIB))
+
+
+def test_sustained_growth_is_the_slower_half() -> None:
+    """A one-off step (a buffer filled once) raises one half: a fit over the stretch would make it ~800 MiB/min."""
+    values = [200 * MIB + 0.1 * MIB * t + (100 * MIB if t >= 5 else 0.0) for t in TIMES]
+    assert sustained_growth_per_minute(TIMES, values, [2.0] * 12, since=0.0) == pytest.approx(6 * MIB)
+    assert growth_per_minute(TIMES, values) > 600 * MIB
+
+
+def test_sustained_growth_rejects_mismatched_started() -> None:
+    with pytest.raises(ValueError, match="started must have the same length"):
+        sustained_growth_per_minute([0.0, 1.0], [1.0, 2.0], [2.0, 2.0], since=0.0, started=[2.0])

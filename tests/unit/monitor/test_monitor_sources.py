@@ -3,17 +3,21 @@ torch.cuda (patched) and the FakeSource used by the other tests."""
 
 from __future__ import annotations
 
+import multiprocessing
 import subprocess
 import sys
 import time
 import types
+from multiprocessing.synchronize import Event
 from typing import Any
 
 import psutil
 import pytest
 import torch
 
-from trainfast.monitor import FakeSource, Monitor, NvmlSource, PsutilSource, Source, TorchCudaSource
+from trainfast.monitor import FakeSource, Monitor, NvmlSource, PsutilSource, Source, TorchCudaSource, sources
+
+MIB = 2**20
 
 
 def test_sources_satisfy_the_protocol() -> None:
@@ -112,6 +116,95 @@ def test_psutil_unavailable_for_a_process_that_is_gone() -> None:
     assert not source.available
     assert str(done.pid) in (source.unavailable_reason or "")
     assert source.sample() == {}
+
+
+def _write_every_page(buffer: bytearray, go: Event, done: Event) -> None:
+    """A forked child that writes into memory it inherited, as refcount updates do to a Python list's objects."""
+    go.wait(30)
+    for i in range(0, len(buffer), 4096):
+        buffer[i] = 2
+    done.set()
+    time.sleep(30)  # killed by the test
+
+
+@pytest.mark.skipif(not sources._SMAPS_ROLLUP, reason="needs /proc/<pid>/smaps_rollup (Linux 4.14+)")
+def test_private_bytes_see_inherited_pages_copied_where_rss_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sources, "PRIVATE_CPU_SHARE", 1.0)  # a pass at every sample
+    inherited = bytearray(b"\x01") * (64 * MIB)  # written, so resident in this process before the fork
+    context = multiprocessing.get_context("fork")
+    go, done = context.Event(), context.Event()
+    child = context.Process(target=_write_every_page, args=(inherited, go, done), daemon=True)
+    source = PsutilSource(per_core=False)
+    child.start()
+    try:
+        time.sleep(0.2)
+        before = source.sample()
+        go.set()
+        assert done.wait(30)
+        time.sleep(0.05)
+        after = source.sample()
+    finally:
+        child.kill()
+        child.join()
+    assert after["workers.count"] == before["workers.count"] >= 1
+    copied = after["workers.private_bytes"] - before["workers.private_bytes"]
+    assert 60 * MIB < copied < 80 * MIB  # every page of the buffer, now the child's own
+    assert abs(after["workers.rss_bytes"] - before["workers.rss_bytes"]) < 8 * MIB  # RSS had them from the fork
+
+
+def test_started_counts_workers_replaced_between_samples() -> None:
+    source = PsutilSource(per_core=False)
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        before = source.sample()
+    finally:
+        first.kill()
+        first.wait()
+    second = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        after = source.sample()
+        again = source.sample()
+    finally:
+        second.kill()
+        second.wait()
+    assert after["workers.count"] == before["workers.count"]  # as many workers, but not the same ones
+    assert after["workers.started"] == before["workers.started"] + 1
+    assert again["workers.started"] == after["workers.started"]
+
+
+def test_an_exited_worker_not_yet_reaped_is_not_a_worker() -> None:
+    source = PsutilSource(per_core=False)
+    before = source.sample()["workers.count"]
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 30
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert source.sample()["workers.count"] == before  # a zombie: RSS 0 and no memory map to read
+    finally:
+        child.wait()
+
+
+def test_private_bytes_are_read_within_their_cpu_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass that took 20 ms of CPU is not repeated before 20 ms / share of the machine's CPU time has passed."""
+    def costly(pid: int) -> float:
+        start = time.thread_time()
+        while time.thread_time() - start < 0.02:
+            pass
+        return float(MIB)
+
+    monkeypatch.setattr(sources, "_SMAPS_ROLLUP", True)
+    monkeypatch.setattr(sources, "_private_bytes", costly)
+    monkeypatch.setattr(sources, "PRIVATE_CPU_SHARE", 1e-4)  # next pass after 200 s / cores
+    source = PsutilSource(per_core=False)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        first, second = source.sample(), source.sample()
+    finally:
+        child.kill()
+        child.wait()
+    assert first["workers.private_bytes"] == first["workers.count"] * MIB
+    assert "workers.private_bytes" not in second and "workers.count" in second  # the other metrics as always
 
 
 @pytest.mark.parametrize("pid", [-1, "1", 1.5, True])
