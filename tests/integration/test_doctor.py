@@ -84,7 +84,11 @@ def test_heavy_model_on_in_memory_tensors_is_compute_bound() -> None:
     seconds = sum(step["total_s"] for step in report["timeline"])
     assert report["samples_per_s"] == pytest.approx(32 * 10 / seconds)  # from the model input's leading dimension
     assert all(step["samples"] == 32 for step in report["timeline"])
-    assert "channels_last" in {r["id"] for r in report["recommendations"]}
+    # channels_last is timed on the model itself: recommended when measured faster, else named in a note
+    trial = next(t for t in report["observed"]["trials"]["trials"] if t["id"] == "channels_last")
+    assert trial["factor"] is not None and trial["rounds"] >= 3, trial
+    assert ("channels_last" in {r["id"] for r in report["recommendations"]}
+            or any(n.startswith("channels_last not recommended") for n in report["notes"])), report["notes"]
     assert "host_sync" not in {r["id"] for r in report["recommendations"]}  # AdamW's own .item() is not the script's
 
 

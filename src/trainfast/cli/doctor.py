@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ from trainfast.cli.flags import positive_int, positive_seconds
 
 if TYPE_CHECKING:
     from trainfast.diagnose.report import Report
+    from trainfast.diagnose.runner import DoctorRun
 
 
 EXAMPLES = """examples:
@@ -30,7 +32,9 @@ step(s), or, where no optimizer steps, its backward pass(es).
 --verify costs one extra run of the script per fix it can inject (DataLoader workers, pin_memory, threads,
 ...), plus two baseline runs (before and after, so drift shows), each in a fresh process and each as long
 as a doctor run (up to --max-seconds); --verify-repeats N does all of that N times and takes the median.
-Under torchrun every rank runs the doctor and all stop at the same step; --verify is single-process only.
+Under torchrun every rank runs the doctor and all stop at the same step; rank 0 prints the job's one report
+(its samples/s summed over the ranks, a row per rank, and the straggler: the rank whose data wait, copies or host
+work the others wait for in the all-reduce) and writes --json/--html; --verify is single-process only.
 Exit code: the script's own when it ends by itself or crashes (the report is printed first), 0 when the
 doctor stops it after the measured steps, 2 for bad arguments. A script that runs out of memory (CUDA or
 CPU) gets a paragraph saying at which step, what the allocator held and what to change (JSON: "oom").
@@ -59,6 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("target", nargs="?", default=None, metavar="SCRIPT", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="-- ARGS", help="arguments for the script")
     p.set_defaults(run=run, command_parser=p)
+    _keep_arguments(p)
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -74,7 +79,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("give a SCRIPT to run, or -m MODULE")
     else:
         target = args.target
-    script_args = _doctor_options_after_script(script_args, args, parser)
+    script_args = _doctor_options_after_script(script_args, args, parser, getattr(args, "doctor_argv", None))
     if args.warmup < 0:
         parser.error(f"--warmup {args.warmup} is not valid; use 0 or more steps")
     if not args.module and not Path(target).is_file():
@@ -89,9 +94,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                         max_seconds=args.max_seconds)
     if args.verify:
         _verify(result.report, target, module=bool(args.module), script_args=script_args, args=args)
+    if result.rank != 0:
+        return _other_rank(result, args)
     console = Console(stderr=False)
     console.print()  # off the script's last line, which a progress bar may have left open ("\r", no newline)
-    result.report.render(console)
+    render_report(result.report, console)
     if args.json:
         write_json(args.json, result.report.to_json())
         console.print(f"JSON report: {args.json}")
@@ -102,6 +109,36 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if result.error:
         print(result.error, file=sys.stderr, end="")
     return result.exit_code
+
+
+def _other_rank(result: DoctorRun, args: argparse.Namespace) -> int:
+    """A rank other than 0 of a torchrun job: one line when rank 0 has its figures for the job's report; its own
+    report when rank 0 may not (they could not be sent), or when its script failed (torchrun then ends the job,
+    rank 0's report with it). Never --json/--html: those are the job's, rank 0's to write."""
+    outcome = result.report.script.get("outcome") or "ended"
+    if result.published and result.exit_code == 0:
+        print(f"trainfast doctor: rank {result.rank} of {result.world_size} measured ({outcome}); rank 0 prints the "
+              "job's report", flush=True)
+    else:
+        console = Console(stderr=False)
+        console.print()
+        console.print(f"trainfast doctor: the report of rank {result.rank} of {result.world_size} alone"
+                      + ("" if result.published else " (its figures could not be sent to rank 0)"))
+        render_report(result.report, console)
+        if args.json or args.html:
+            console.print(f"rank {result.rank} writes no --json/--html: rank 0 writes the job's")
+    if result.error:
+        print(result.error, file=sys.stderr, end="")
+    return result.exit_code
+
+
+def render_report(report: Report, console: Console) -> None:
+    """The report in the terminal, with the job's ranks under torchrun (ranks.py)."""
+    from trainfast.diagnose.ranks import render_ranks
+
+    report.render(console)
+    if report.ranks is not None:
+        render_ranks(report, console)
 
 
 def _verify(report: Report, target: str, *, module: bool, script_args: list[str], args: argparse.Namespace) -> None:
@@ -139,11 +176,28 @@ def _verify(report: Report, target: str, *, module: bool, script_args: list[str]
             say(f"verify: {fix_id} not measured: {gain['error'] or 'no result'}")
 
 
+def _keep_arguments(parser: argparse.ArgumentParser) -> None:
+    """Keep the doctor's own arguments as given on the namespace (`doctor_argv`): argparse drops a `--` that follows
+    SCRIPT (SCRIPT's nargs="?" takes it in), after which `SCRIPT -- --steps 100` and `SCRIPT --steps 100` parse
+    alike, though only the second puts a doctor option after SCRIPT."""
+    parse = parser.parse_known_args
+
+    def parse_known_args(args: Sequence[str] | None = None,
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        known, extras = parse(args, namespace)
+        known.doctor_argv = list(sys.argv[1:] if args is None else args)
+        return known, extras
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign, assignment]
+
+
 def _doctor_options_after_script(script_args: list[str], args: argparse.Namespace,
-                                 parser: argparse.ArgumentParser) -> list[str]:
+                                 parser: argparse.ArgumentParser, as_given: Sequence[str] | None = None) -> list[str]:
     """The script's arguments. `SCRIPT --json r.json -- --lr 1`: the doctor's options before the `--` are taken
     (set on `args`) when they all are the doctor's; without a `--`, everything after SCRIPT is the script's, and
-    a doctor option among them gets a warning (the script may well have its own `--json`)."""
+    a doctor option among them gets a warning (the script may well have its own `--json`), unless a `--` argparse
+    took in (`as_given`, the arguments as given, has more) already marked them all as the script's."""
+    if as_given is not None and list(as_given).count("--") > script_args.count("--"):
+        return script_args  # `SCRIPT -- --steps 100`, `-m MODULE -- --steps 100`: the script's, as asked
     if "--" not in script_args:
         options = _option_strings(parser)
         known = [a.split("=")[0] for a in script_args if a.split("=")[0] in options]

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainfast.diagnose.instrument import Instrumentation
-from trainfast.diagnose.report import Report, build_report, thread_probe
+from trainfast.diagnose.report import Report, build_report, gain_probe
 from trainfast.diagnose.timeline import Timeline
 from trainfast.envcheck.environment import environment, loader_settings
 from trainfast.loader.prefetch import InputTransform, move
@@ -137,7 +137,7 @@ def diagnose(loader: Iterable[Any], step_fn: TrainStep | None = None, *, model: 
     timeline = Timeline(warmup_steps=warmup, max_steps=steps, explicit_steps=True)
     with torch_settings(), Monitor() as monitor, Instrumentation(timeline) as inst:
         if step_fn is not None:
-            timeline.on_phase_end = thread_probe(timeline, inst)
+            timeline.on_phase_end = gain_probe(timeline, inst)
         while not timeline.done:
             fetched = 0
             for batch in loader:

@@ -34,7 +34,7 @@ REPLAY_POSSIBLE = 1.5
 REPLAY_CERTAIN = 1.1
 
 VERDICTS = ("input-bound", "transfer-bound", "host-bound", "compute-bound", "balanced")
-PARTS = ("data_wait", "transfer", "host")
+PARTS = ("data_wait", "transfer", "host", "collection")
 # part -> (verdict, what the step waits for, where the gain would come from)
 _PART_TEXT = {
     "data_wait": ("input-bound", "the step waits for the next batch", "from the input pipeline"),
@@ -44,6 +44,10 @@ _PART_TEXT = {
                      "from that work"),
     "transfer": ("transfer-bound", "the step waits for host-to-device copies", "from the copies"),
     "host": ("host-bound", "Python between steps keeps the device idle", "from the host work"),
+    # no-grad forwards in training mode before an update (timeline.py): host work in the loop, as "host" is
+    "collection": ("host-bound", "the loop collects between updates (rollout / host work between updates: no-grad "
+                   "forwards in training mode and the work around them, such as environment steps)",
+                   "from collecting faster (vectorised environments, batched action choice, fewer steps per update)"),
 }
 
 
@@ -55,19 +59,22 @@ class Fractions:
     transfer: float
     host: float
     compute: float
+    collection: float = 0.0  # a collection phase between updates (RL rollouts: timeline.py)
 
     @classmethod
-    def of(cls, *, total_s: float, wait_s: float, transfer_s: float, host_s: float) -> Fractions:
+    def of(cls, *, total_s: float, wait_s: float, transfer_s: float, host_s: float,
+           collect_s: float = 0.0) -> Fractions:
         if total_s <= 0:
             return cls(0.0, 0.0, 0.0, 0.0)
-        wait, transfer, host = wait_s / total_s, transfer_s / total_s, host_s / total_s
-        return cls(wait, transfer, host, max(0.0, 1.0 - wait - transfer - host))
+        wait, transfer, host, collect = wait_s / total_s, transfer_s / total_s, host_s / total_s, collect_s / total_s
+        return cls(wait, transfer, host, max(0.0, 1.0 - wait - transfer - host - collect), collect)
 
     def share(self, part: str) -> float:
         return float(getattr(self, part))
 
     def to_json(self) -> dict[str, float]:
-        return {"data_wait": self.data_wait, "transfer": self.transfer, "host": self.host, "compute": self.compute}
+        return {"data_wait": self.data_wait, "transfer": self.transfer, "host": self.host, "compute": self.compute,
+                "collection": self.collection}
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,8 @@ def classify(f: Fractions, *, device: str, gpu_util: float | None = None, loader
     `loader_fed`: False when no DataLoader fed training, so "data wait" is the whole gap before each forward.
     """
     pct = f"data wait {f.data_wait:.0%}, transfer {f.transfer:.0%}, host {f.host:.0%}, compute {f.compute:.0%}"
+    if f.collection:
+        pct += f", rollout / host work between updates {f.collection:.0%}"
     if loader_headroom is not None and loader_headroom <= REPLAY_CERTAIN:
         return Verdict("input-bound", f"the loader alone delivers only {loader_headroom:.2f}x the rate training "
                                       f"consumes (<= {REPLAY_CERTAIN}x: certain bottleneck); {pct}")

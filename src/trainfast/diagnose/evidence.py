@@ -71,12 +71,17 @@ class Evidence:
     jpeg_decoded_pixels: float | None = None  # median pixels per decoded JPEG (main process)
     wait_spike_ratio: float | None = None  # p95 / median data wait per step
     loader_headroom: float | None = None  # loader replayed alone / training throughput (diagnose() measures it)
-    worker_rss_growth_per_min: float | None = None
-    # (threads, compute time at that thread count / compute time as the script ran): measured by the runner
-    # on the CPU before it proposes a loader fix that takes intra-op threads from the model step
+    worker_private_growth_per_min: float | None = None
+    # (threads, compute time at that thread count / compute time as the script ran): measured on the CPU (a
+    # replay of the model at that count, probe.py) before a loader fix that takes intra-op threads is proposed
     thread_probe: tuple[int, float] | None = None
     input_source: str | None = None  # "loader" or "script" (no DataLoader: input prepared in the loop)
     notes: tuple[str, ...] = field(default=())
+    compute_s: float = 0.0  # median measured compute per step
+    # the candidate fixes timed on the script's own model (probe.py `Trials`); None when no replay was tried
+    trials: Any = None
+    parameter_dtypes: frozenset[str] = frozenset()  # floating dtypes of the trained parameters
+    cycle: str | None = None  # "whole"/"partial": the loop collects between updates (timeline.py)
 
     @property
     def scaler_skip_fraction(self) -> float | None:

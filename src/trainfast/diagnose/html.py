@@ -205,7 +205,9 @@ def _figures(report: dict[str, Any]) -> str:
     wait = _num(report.get("data_wait_fraction"))
     if wait is None:
         wait = _num(_dict(report.get("fractions")).get("data_wait"))
-    figures = [("samples / s", _fmt(report.get("samples_per_s"), ",.0f")),
+    world = _num(report.get("world_size"))
+    rate_label = f"samples / s over {int(world)} ranks" if world is not None and world > 1 else "samples / s"
+    figures = [(rate_label, _fmt(report.get("samples_per_s"), ",.0f")),
                ("median step", NA if step_s is None else f"{step_s * 1e3:,.1f} ms"),
                ("steps measured / warm-up", f"{_value(steps) if _num(steps) is not None else NA} / "
                                             f"{_value(warmup) if _num(warmup) is not None else NA}"),
@@ -340,7 +342,10 @@ def _fixes(report: dict[str, Any]) -> str:
     items = []
     for rank, rec in enumerate(recs, 1):
         gain = _num(rec.get("expected_gain"))
-        gain_html = (f'<div class="gain" title="expected speed-up">{gain:.2f}x</div>' if gain is not None
+        basis = "estimate" if rec.get("gain_basis") == "estimate" else "measured"
+        reason = f": {rec['gain_basis_reason']}" if basis == "estimate" and rec.get("gain_basis_reason") else ""
+        gain_html = (f'<div class="gain" title="expected speed-up, {basis}{escape(reason)}">{gain:.2f}x '
+                     f'<span class="muted">{basis}</span></div>' if gain is not None
                      else '<div class="gain unknown" title="expected speed-up unknown">?</div>')
         measured = _num(rec.get("measured_gain"))
         if measured is not None:  # --verify re-ran the script with the fix
@@ -454,6 +459,37 @@ def _notes(report: dict[str, Any]) -> str:
     return '<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>"
 
 
+def _ms(value: object) -> str:
+    seconds = _num(value)
+    return NA if seconds is None else f"{1e3 * seconds:,.1f} ms"
+
+
+def _ranks(report: dict[str, Any]) -> str:
+    """A torchrun job: a row per rank, and the straggler the others wait for."""
+    rows = []
+    for row in (_dict(r) for r in _list(report.get("ranks"))):
+        fractions = _dict(row.get("fractions"))
+        waiting = _ms(row.get("waiting_for_ranks_s"))
+        share = _num(row.get("waiting_for_ranks"))
+        rows.append([(escape(_value(row.get("rank"))), True), (escape(_fmt(row.get("samples_per_s"), ",.0f")), True),
+                     (escape(_ms(row.get("step_s"))), True),
+                     *((escape(_fmt(fractions.get(key), ".0%")), True) for key, *_ in PARTS),
+                     (escape(waiting + ("" if share is None else f" ({share:.0%})")), True),
+                     (escape(_value(row.get("verdict"))), False)])
+    table = _table(["rank", "samples / s", "median step", *(label for _, _, label, _ in PARTS), "waiting for ranks",
+                    "own verdict"], rows)
+    straggler = _dict(report.get("straggler"))
+    if straggler:
+        line = (f"straggler: rank {_value(straggler.get('rank'))}, {_value(straggler.get('phase'))}: "
+                f"{_ms(straggler.get('seconds_per_step'))} per step ({_fmt(straggler.get('share'), '.0%')} of its "
+                "step), which the other ranks wait for in the all-reduce")
+    else:
+        line = "straggler: none named"
+    caption = ("each rank trains its own batches: the job's samples / s is the sum of the ranks'; a rank's wait for "
+               "the others in the all-reduce is counted as compute in its own split")
+    return f'{table}<p>{escape(line)}</p><div class="caption">{escape(caption)}</div>'
+
+
 SECTIONS: tuple[tuple[str, str, Callable[[dict[str, Any]], str]], ...] = (
     ("Where the step time goes", "split", _split),
     ("Timeline", "timeline", _timeline),
@@ -480,7 +516,10 @@ def render_html(report: dict[str, Any]) -> str:
     target = _dict(report.get("script")).get("target")
     title = "trainfast doctor" + (f" — {target}" if target not in (None, "") else "")
     body = [_safely(_header, report), _safely(_banner, report), _safely(_figures, report)]
-    body += [_section(heading, _safely(render, report), anchor) for heading, anchor, render in SECTIONS]
+    sections = list(SECTIONS)
+    if _list(report.get("ranks")):  # a torchrun job's report
+        sections.insert(1, ("Ranks", "ranks", _ranks))
+    body += [_section(heading, _safely(render, report), anchor) for heading, anchor, render in sections]
     return ("<!DOCTYPE html>\n"
             '<html lang="en"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'

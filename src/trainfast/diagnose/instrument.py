@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from PIL import ImageFile
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.data import DataLoader
 
 from trainfast.diagnose.devicetime import DeviceTimer
@@ -46,6 +46,7 @@ from trainfast.diagnose.loaders import batch_info, describe_loader
 from trainfast.diagnose.models import batch_axis, root_modules
 from trainfast.diagnose.timeline import Timeline
 from trainfast.dynamo import dynamo_counts
+from trainfast.flops import FlopCounter
 from trainfast.loader.memory import TensorLoader
 from trainfast.samples import batch_samples, first_leaf
 
@@ -61,6 +62,7 @@ class Observations:
     device_index: int | None = None  # torch's index of the model's CUDA device
     compiled_model: bool = False  # the model called in training is a torch.compile OptimizedModule
     parameters: int = 0
+    parameter_dtypes: set[str] = field(default_factory=set)  # floating dtypes of the trained parameters
     conv_weights: int = 0
     conv_weights_channels_last: int = 0
     autocast: set[tuple[str, str]] = field(default_factory=set)  # (device, dtype) entered and enabled
@@ -74,7 +76,6 @@ class Observations:
     jpeg_decoded_pixels: list[int] = field(default_factory=list)
     syncs: int = 0
     threads: int = 0  # torch intra-op threads when training started
-    probe_threads: int | None = None  # the thread count the runner measured a few extra steps at
 
     def scaler_skipped(self) -> int:
         """Optimizer steps the GradScaler skipped (reading it synchronises: report time only)."""
@@ -166,9 +167,11 @@ class Instrumentation:
         # (None before and on the CPU: the hot paths test it and skip)
         self.device_timer = device_timer or DeviceTimer()
         self.events: DeviceTimer | None = None
-        self._described = False  # the first optimizer step described the model
+        self._described: set[int] = set()  # the optimizers whose first step described their model
         self.loaders: list[LoaderStats] = []
         self.observed = Observations()
+        self._parameters: dict[int, torch.Tensor] = {}  # described, by id (kept alive: ids stay unique)
+        self._convs: set[int] = set()
         self._by_loader: dict[int, LoaderStats] = {}
         self._keep_alive: list[Any] = []  # loaders described: their id() must stay unique while measuring
         self._undo: list[Callable[[], None]] = []
@@ -177,6 +180,18 @@ class Instrumentation:
         self._discovered_on: set[str] = set()
         self._empty_scans = 0  # first scans that found no model yet (a trigger before it was built)
         self.scanning = True  # until the second scan (when the first step closes): hot paths skip discover()
+        # A root reached only through methods other than forward (a wrapper forwarding __getattr__, as Fabric's
+        # does, then agent.get_action(x)): its submodules' outermost calls stand for its forwards (`_watch_entries`)
+        self._entries: dict[int, nn.Module] = {}
+        self._entry_patches: list[Callable[[], None]] = []  # the undo of each class watched for entries only
+        self._in_entry = False
+        self.paused = False  # the doctor's own work (probe.py): the hooks pass it through
+        # each root's last training call: (module, (args, kwargs)), the replay's input (probe.py)
+        self.last_calls: dict[int, tuple[nn.Module, tuple[tuple[Any, ...], dict[str, Any]]]] = {}
+        self.trials: Any = None  # the candidate fixes timed on the model (probe.py), once the measured steps end
+        self.flop_counter: FlopCounter | None = None  # counting the step after the measured ones (report.py)
+        self.flops_per_step: int | None = None
+        self.flops_reason: str | None = None  # why no FLOPs were counted
 
     # ---- patch bookkeeping
     def _patch(self, owner: Any, name: str, replacement: Any) -> Any:
@@ -206,7 +221,14 @@ class Instrumentation:
         self.timeline.finish()  # the last step, waiting for an iteration that will not come
         if not self.observed.dynamo_at_end:  # the measured steps ended with the run (no step limit, or too few)
             self.observed.dynamo_at_end = dynamo_counts()
-        self._keep_alive.clear()  # torch may keep our hooks (and so self) alive: never the script's loaders
+        if self.flop_counter is not None:  # the run ended inside the counted step: a part of a step is no count
+            self.flop_counter.stop()
+            self.flop_counter, self.flops_reason = None, "the script ended before the counted step did"
+        # torch may keep our hooks (and so self) alive: never the script's loaders, models or batches
+        self._keep_alive.clear()
+        self._parameters.clear()
+        self._entries.clear()
+        self.last_calls.clear()
 
     def stats_for(self, loader: Any) -> LoaderStats:
         stats = self._by_loader.get(id(loader))
@@ -236,9 +258,15 @@ class Instrumentation:
         for owner in (DataLoader, TensorLoader):
             self._patch(owner, "__iter__", wrap_iter(owner.__iter__))
 
+        def step_begins(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            if not self.paused:
+                timeline.optimizer_step_begins()
+
         def on_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            if self.paused:
+                return
             self.optimizer_stepped += 1
-            if not self._described:
+            if id(optimizer) not in self._described:
                 self._describe_model(optimizer)
             if self.scanning:
                 self.discover("optimizer step")
@@ -248,11 +276,15 @@ class Instrumentation:
 
         handle = register_optimizer_step_post_hook(on_step)
         self._undo.append(handle.remove)
+        handle = register_optimizer_step_pre_hook(step_begins)
+        self._undo.append(handle.remove)
         self._undo.append(self._roots.clear)
         backward = torch.autograd.backward
 
         def counted_backward(*args: Any, **kwargs: Any) -> Any:
             out = backward(*args, **kwargs)
+            if self.paused:
+                return out
             if self.scanning:
                 self.discover("backward")
             timeline.backward()
@@ -355,33 +387,71 @@ class Instrumentation:
         if not self._roots and trigger != "step" and self._empty_scans < MAX_EMPTY_SCANS:
             self._empty_scans += 1  # no model exists yet: the next trigger scans again
             self._discovered_on.discard(trigger)
+        if not self.timeline.forwards:
+            self._watch_entries()
         self.timeline.pause(perf_counter() - started)
 
-    def _watch_calls(self, cls: type[nn.Module]) -> None:
+    def _watch_entries(self) -> None:
+        """No root was called yet: the loop may reach its model through other methods (a wrapper's `__getattr__`,
+        `agent.get_action_and_value(x)`, as Fabric's PPO does). Watch the roots' submodules too, until a root is
+        called: the outermost call of one stands for a forward of its root. Dropped at a root's first call: a
+        watched class costs ~0.3 us per call of any of its instances."""
+        self._entries.clear()
+        root_classes = {type(root) for root in self._root_refs.values()}
+        for root in list(self._root_refs.values()):
+            for module in root.modules():
+                if module is not root and not isinstance(module, torch.jit.ScriptModule):
+                    self._entries[id(module)] = module
+                    cls = type(module)
+                    if cls not in root_classes and self._watch_calls(cls):
+                        self._entry_patches.append(self._undo[-1])
+
+    def _drop_entries(self) -> None:
+        """A root was called: its forwards are seen; the submodules' classes get their own __call__ back."""
+        self._entries.clear()
+        while self._entry_patches:
+            undo = self._entry_patches.pop()
+            undo()
+            self._undo.remove(undo)
+
+    def _watch_calls(self, cls: type[nn.Module]) -> bool:
         """Wrap `cls.__call__` (once per class, inherited by subclasses): the roots' forwards go to `_on_forward`.
 
         Why not a forward pre-hook on each root: a module with hooks takes `_call_impl`'s slow path (~10 us per
         call here, 4 % of a tiny step), and `torch.save(model)` would pickle the hook and fail.
         """
         if getattr(cls.__call__, "_trainfast_watch", False):
-            return
+            return False
         original = cls.__call__
         roots, on_forward = self._roots, self._on_forward
 
+        entries = self._entries
+
         def call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
             if id(module) in roots:
+                if entries:
+                    self._drop_entries()
                 on_forward(module, args, kwargs)
+            elif entries and id(module) in entries and not self._in_entry:
+                on_forward(module, args, kwargs)
+                self._in_entry = True  # its submodules' calls are inside this forward
+                try:
+                    return original(module, *args, **kwargs)
+                finally:
+                    self._in_entry = False
             return original(module, *args, **kwargs)
         call._trainfast_watch = True  # type: ignore[attr-defined]
         self._patch(cls, "__call__", call)
+        return True
 
     def _on_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self.fetching:  # a module inside the dataset (a transform), not the model
+        if self.fetching or self.paused:  # a module inside the dataset (a transform), not the model
             return
         timeline = self.timeline
-        if not torch.is_grad_enabled():  # an evaluation pass
-            timeline.evaluation_forward(perf_counter())
+        if not torch.is_grad_enabled():  # an evaluation pass, or a collection phase (timeline.py)
+            timeline.evaluation_forward(perf_counter(), module.training)
             return
+        self.last_calls[id(module)] = (module, (args, kwargs))
         if not self.device_timer.settled:
             self._saw_model(module)
         if timeline.loader_fed:  # batches come from a loader: its fetches start iterations and count samples
@@ -411,7 +481,7 @@ class Instrumentation:
         def counted(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             # A CPU tensor's value is at hand (no device to wait for), a dataset's reads inside a loader's next()
             # are data wait, and torch's own calls (AdamW reading its step count) are not the script's to fix.
-            if (tensor.device.type == "cpu" or self.fetching
+            if (tensor.device.type == "cpu" or self.fetching or self.paused
                     or sys._getframe(1).f_globals.get("__name__", "").startswith("torch")):
                 return original(tensor, *args, **kwargs)
             if self.scanning:
@@ -431,7 +501,7 @@ class Instrumentation:
         timeline, timer = self.timeline, self.device_timer
 
         def timed(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            if self.fetching or tensor.device.type != "cpu":  # inside a loader's next(): data wait already
+            if self.fetching or self.paused or tensor.device.type != "cpu":  # in a loader's next(): data wait already
                 return original(tensor, *args, **kwargs)
             events = None
             if timeline.in_measured_step:
@@ -453,7 +523,7 @@ class Instrumentation:
         enter = autocast_cls.__enter__
 
         def autocast_enter(ctx: Any) -> Any:
-            if getattr(ctx, "_enabled", False):
+            if getattr(ctx, "_enabled", False) and not self.paused:  # (not the doctor's own trials: probe.py)
                 observed.autocast.add((str(ctx.device), str(ctx.fast_dtype).replace("torch.", "")))
             return enter(ctx)  # type: ignore[no-untyped-call]
         self._patch(autocast_cls, "__enter__", autocast_enter)
@@ -487,19 +557,27 @@ class Instrumentation:
         self._patch(ImageFile.ImageFile, "load", jpeg_load)
 
     def _describe_model(self, optimizer: torch.optim.Optimizer) -> None:
+        """At each optimizer's first step: the parameters it trains and the convolutions of their models, added to
+        what earlier optimizers described (a GAN's generator and discriminator have one each)."""
         observed = self.observed
         params = [p for group in optimizer.param_groups for p in group["params"]]
         if not params:
             return
-        self._described = True
-        self._model_on(params[0].device)
-        observed.threads = torch.get_num_threads()
-        observed.parameters = sum(p.numel() for p in params)
+        first = not self._described
+        self._described.add(id(optimizer))
+        if first:
+            self._model_on(params[0].device)
+            observed.threads = torch.get_num_threads()
+        new = [p for p in params if id(p) not in self._parameters]
+        self._parameters.update((id(p), p) for p in new)
+        observed.parameters += sum(p.numel() for p in new)
+        observed.parameter_dtypes.update(str(p.dtype).replace("torch.", "") for p in new if p.is_floating_point())
         # the convolutions of the models this optimizer trains, frozen ones too: channels_last speeds them all up
         stepped = {id(p) for p in params}
         models = [m for m in self._root_refs.values() if any(id(p) in stepped for p in m.parameters())]
         weights = [p for m in models for p in m.parameters()] if models else params
-        convs = [p for p in weights if p.dim() == 4 and math.prod(p.shape[2:]) > 1]
-        observed.conv_weights = len(convs)
-        observed.conv_weights_channels_last = sum(
+        convs = [p for p in weights if p.dim() == 4 and math.prod(p.shape[2:]) > 1 and id(p) not in self._convs]
+        self._convs.update(id(p) for p in convs)
+        observed.conv_weights += len(convs)
+        observed.conv_weights_channels_last += sum(
             1 for p in convs if p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -16,13 +17,16 @@ from rich.table import Table
 from trainfast.diagnose.classify import Fractions, Verdict, classify, max_speedups, share_interval
 from trainfast.diagnose.evidence import Evidence, LoaderStats
 from trainfast.diagnose.instrument import Instrumentation, Observations
-from trainfast.diagnose.recommend import Recommendation, num_workers, recommend, why_no_input_fix
-from trainfast.diagnose.timeline import StepRecord, Timeline
+from trainfast.diagnose.probe import BUDGET_SHARE, MAX_PROBE_S, Trials, candidates, run_trials
+from trainfast.diagnose.recommend import Recommendation, not_offered, num_workers, recommend, why_no_input_fix
+from trainfast.diagnose.timeline import MEASURE, StepRecord, Timeline
 from trainfast.dynamo import dynamo_counts
+from trainfast.flops import FlopCounter, peak_flops, utilisation
 from trainfast.host import available_cpus
 from trainfast.monitor import Monitor, percentile, sustained_growth_per_minute
 from trainfast.monitor.analysis import window_mean
 from trainfast.precision.policy import device_caps
+from trainfast.trainer.settings import torch_settings
 
 
 @dataclass
@@ -48,6 +52,14 @@ class Report:
     intervals: dict[str, list[float]] | None = None  # 95 % bootstrap interval of each part's share
     contention: dict[str, Any] | None = None  # other processes' CPU use while measuring
     oom: dict[str, Any] | None = None  # the script died of an out-of-memory error: where, the allocator, advice
+    # how far compute is from the hardware's peak: FLOPs of one counted step, achieved FLOP/s, the peak, MFU
+    compute: dict[str, Any] | None = None
+    # A job of several ranks (torchrun): rank 0 writes the one report of the job (ranks.py). A single process:
+    # world_size 1, rank 0, ranks and straggler None.
+    world_size: int = 1
+    rank: int = 0  # the rank whose report this is
+    ranks: list[dict[str, Any]] | None = None  # each rank's own figures, in rank order
+    straggler: dict[str, Any] | None = None  # {rank, phase, seconds_per_step, share}: the rank the others wait for
 
     @property
     def data_wait_fraction(self) -> float | None:
@@ -78,10 +90,16 @@ class Report:
             "monitor": self.monitor,
             "script": self.script,
             "oom": self.oom,
+            "compute": self.compute,
             "notes": self.notes,
             "verify": self.verify,
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "ranks": self.ranks,
+            "straggler": self.straggler,
             "timeline": [{"end_s": r.end_s, "total_s": r.total_s, "wait_s": r.wait_s, "transfer_s": r.transfer_s,
-                          "host_s": r.host_s, "compute_s": r.compute_s, "samples": r.samples, "syncs": r.syncs}
+                          "host_s": r.host_s, "collect_s": r.collect_s, "compute_s": r.compute_s, "samples": r.samples,
+                          "syncs": r.syncs}
                          for r in self.steps],
         }
 
@@ -104,31 +122,23 @@ def _no_verdict_reason(seen: dict[str, int], warmup: int) -> str:
             "or give the script more steps")
 
 
-# The extra phase: a few steps (after a short warm-up of their own) at the thread count a loader fix would
-# leave the model step.
-THREADS_PHASE = "threads"
-PROBE_WARMUP, PROBE_STEPS = 2, 5
 # A spread this wide (p90 over p50) makes per-step figures unreliable: other load, or uneven steps.
 NOISY_SPREAD = 2.0
 # Other processes busy on this many cores while measuring take time from the script's own.
 CONTENTION_CORES = 0.5
 
 
-def _median_compute(records: list[StepRecord]) -> float:
-    return statistics.median(r.compute_s for r in records)
-
-
 def _evidence(timeline: Timeline, instrumentation: Instrumentation, records: list[StepRecord], *,
               final: bool = False, verdict: str = "", env: dict[str, Any] | None = None,
               monitor: Monitor | None = None,
-              loader_headroom: float | None = None, thread_probe: tuple[int, float] | None = None) -> Evidence:
+              loader_headroom: float | None = None) -> Evidence:
     """What the rules read, from the measured steps and what the hooks observed. `final`: for the report, when
     the figures that synchronise the device (skipped scaler steps, peak memory) may be read."""
     observed = instrumentation.observed
     total = sum(r.total_s for r in records)
     fractions = Fractions.of(total_s=total, wait_s=sum(r.wait_s for r in records),
-                             transfer_s=sum(r.transfer_s for r in records), host_s=sum(r.host_s for r in records))
-    samples = sum(r.samples for r in records)
+                             transfer_s=sum(r.transfer_s for r in records), host_s=sum(r.host_s for r in records),
+                             collect_s=sum(r.collect_s for r in records))
     device = _device(observed)
     waits = [r.wait_s for r in records]
     mean_wait = statistics.fmean(waits) if waits else 0.0
@@ -137,7 +147,7 @@ def _evidence(timeline: Timeline, instrumentation: Instrumentation, records: lis
     return Evidence(
         verdict=verdict, device=device, fractions=fractions,
         step_s=statistics.median(r.total_s for r in records) if records else 0.0, steps=len(records),
-        samples_per_s=samples / total if samples and total > 0 else None,
+        samples_per_s=timeline.samples_per_s,
         syncs_per_step=statistics.fmean(r.syncs for r in records) if records else 0.0, cpus=available_cpus(),
         threads=observed.threads or torch.get_num_threads(), loaders=tuple(instrumentation.loaders),
         shm_bytes=(env or {}).get("shm_bytes"), autocast=tuple(sorted(observed.autocast)),
@@ -149,8 +159,11 @@ def _evidence(timeline: Timeline, instrumentation: Instrumentation, records: lis
         gpu_memory_fraction=_gpu_memory_fraction(device, observed.device_index) if final else None,
         jpeg_decoded_pixels=decoded,
         wait_spike_ratio=percentile(waits, 95) / mean_wait if mean_wait > 0 else None,
-        worker_rss_growth_per_min=_worker_rss_growth(monitor, timeline.measure_started_monotonic),
-        loader_headroom=loader_headroom, thread_probe=thread_probe, input_source=timeline.input_source)
+        worker_private_growth_per_min=_worker_private_growth(monitor, timeline.measure_started_monotonic),
+        loader_headroom=loader_headroom, thread_probe=_thread_probe(instrumentation.trials),
+        input_source=timeline.input_source,
+        compute_s=statistics.median(r.compute_s for r in records) if records else 0.0,
+        trials=instrumentation.trials, parameter_dtypes=frozenset(observed.parameter_dtypes), cycle=timeline.cycle)
 
 
 def _device(observed: Observations) -> str:
@@ -179,16 +192,58 @@ def _bf16_native(device: str, index: int | None) -> bool:
     return device == "cuda" and torch.cuda.get_device_capability(index) >= (8, 0)
 
 
-def thread_probe(timeline: Timeline, instrumentation: Instrumentation) -> Callable[[str], None]:
-    """A `Timeline.on_phase_end`: when the measured steps are in and the loader fix about to be proposed on the
-    CPU would take intra-op threads from the model step, measure a few more steps at that thread count (on 2
-    CPUs a compute-heavy step can take 1.8x as long on one thread). The caller restores the thread count."""
+# One step after the measured ones, its FLOPs counted (FlopCounterMode slows it: it is not among the measured)
+FLOPS_PHASE = "flops"
+
+
+def gain_probe(timeline: Timeline, instrumentation: Instrumentation) -> Callable[[str], None]:
+    """A `Timeline.on_phase_end`: when the measured steps end, time the candidate fixes on the script's own model
+    and last input (probe.py), within `BUDGET_SHARE` of the budget left (the timeline's deadline) and `MAX_PROBE_S`
+    (the time is the doctor's, not the script's: `Timeline.pause`); then count the FLOPs of the next step, whole,
+    as the script runs it. Not for a compiled model: it would recompile under the counting mode. Every rank of a
+    job decides alike (on whether the model is compiled, not on a timing), so all take the same steps."""
     def on_phase_end(phase: str) -> None:
-        threads = proposed_threads(timeline, instrumentation) if phase == "measure" else None
-        if threads is not None:
-            instrumentation.observed.probe_threads = threads
-            timeline.add_phase(THREADS_PHASE, warmup=PROBE_WARMUP, steps=PROBE_STEPS)
-            torch.set_num_threads(threads)
+        if phase == FLOPS_PHASE and instrumentation.flop_counter is not None:
+            instrumentation.flops_per_step = instrumentation.flop_counter.stop()
+            instrumentation.flop_counter = None
+            return
+        if phase != MEASURE or instrumentation.trials is not None:
+            return
+        _time_candidates()
+        if instrumentation.observed.compiled_model or instrumentation.observed.dynamo_at_end.get("frames", 0) > \
+                instrumentation.observed.dynamo_at_start.get("frames", 0):
+            instrumentation.flops_reason = "the model is compiled: counting would make torch.compile recompile"
+            return
+        timeline.add_phase(FLOPS_PHASE, warmup=0, steps=1)
+        instrumentation.flop_counter = FlopCounter().start()
+
+    def _time_candidates() -> None:
+        calls = list(instrumentation.last_calls.values())
+        if not calls:
+            instrumentation.trials = Trials(reason="no training forward of a model was seen")
+            return
+        started = time.perf_counter()
+        left = MAX_PROBE_S if timeline.deadline is None else max(0.0, timeline.deadline - started)
+        observed = instrumentation.observed
+        index = observed.device_index
+        device = torch.device(_device(observed)) if index is None else torch.device(_device(observed), index)
+        threads = torch.get_num_threads()  # the script's, now
+        counts = {available_cpus()} | ({fewer} if (fewer := proposed_threads(timeline, instrumentation)) else set())
+        tried, skipped = candidates(device=device, autocast=tuple(sorted(observed.autocast)),
+                                    parameter_dtypes=observed.parameter_dtypes,
+                                    bf16_native=_bf16_native(device.type, observed.device_index),
+                                    nchw_convs=observed.conv_weights - observed.conv_weights_channels_last,
+                                    threads=threads, thread_counts=tuple(sorted(counts)))
+        instrumentation.paused = True
+        try:
+            with torch_settings():  # (a candidate's thread count is put back)
+                trials = run_trials(calls, tried, base_autocast=tuple(observed.autocast),
+                                    budget_s=min(MAX_PROBE_S, BUDGET_SHARE * left))
+        finally:
+            instrumentation.paused = False
+            timeline.pause(time.perf_counter() - started)
+        trials.trials = skipped | trials.trials
+        instrumentation.trials = trials
     return on_phase_end
 
 
@@ -220,8 +275,7 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
     records = list(timeline.records)
     notes = list(notes or [])
     evidence = _evidence(timeline, instrumentation, records, final=True, env=env, monitor=monitor,
-                         loader_headroom=loader_headroom,
-                         thread_probe=_thread_probe(timeline, observed.probe_threads, records))
+                         loader_headroom=loader_headroom)
     device = evidence.device
     gpu_util, gpu_util_devices = _gpu_util(monitor, timeline, observed.device_index if device == "cuda" else None)
     device_busy = _device_busy(instrumentation, records)
@@ -231,13 +285,23 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
     intervals = _intervals(records)
     verdict = classify(fractions, device=device, gpu_util=gpu_util, loader_headroom=loader_headroom,
                        intervals=intervals, loader_fed=timeline.input_source != "script") if records else None
+    compute = _compute(instrumentation, records)
     if verdict is not None:
+        verdict = _with_peak(verdict, compute)
         evidence = replace(evidence, verdict=verdict.name)
     if timeline.evaluation_steps:
         how = ("batches fetched with gradients off" if timeline.loader_fed else
                "the model called with gradients off before the step's training forward")
-        notes.append(f"{timeline.evaluation_steps} step(s) that spanned an evaluation pass ({how}) were left out of "
-                     "the figures")
+        notes.append(f"{timeline.evaluation_steps} step(s) that spanned an evaluation pass ({how}, the model in eval "
+                     "mode) were left out of the step's split; their time counts in samples/s, which is over the "
+                     "measured window's wall time")
+    if timeline.cycle is not None:
+        span = ("spans whole cycles, from one collection phase to the next" if timeline.cycle == "whole" else
+                "ends mid-cycle: a cycle is longer than the steps measured allow; measure more (--steps) for the "
+                "cycle's true rate")
+        notes.append("the loop collects between updates (no-grad forwards in training mode before some steps' "
+                     f"update: an RL rollout, sampling): that phase is booked as its own share, and the measured "
+                     f"window {span}")
     if timeline.input_source == "script":
         notes.append("no DataLoader fed training: data wait is the time from the end of one step to the model's "
                      "first forward (input prepared in the loop), and samples are counted from the model's input")
@@ -245,8 +309,10 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
     contention = _contention(monitor, timeline.measure_started_monotonic)
     notes.extend(_noise_notes(spread, contention))
     recommendations = recommend(evidence) if records else []
+    notes.extend(not_offered(evidence))
     probe = evidence.thread_probe
-    if probe is not None and not any(r.id == "num_workers" for r in recommendations):
+    if (probe is not None and probe[0] < evidence.threads and probe[1] > 1
+            and not any(r.id == "num_workers" for r in recommendations)):
         notes.append(f"more loader workers would not pay here: the model step took {probe[1]:.2f}x as long with "
                      f"{probe[0]} intra-op thread(s), the count that would leave cores for them (measured)")
     elif (unaddressed := why_no_input_fix(evidence, recommendations)) is not None:
@@ -263,7 +329,54 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
         env=env or {}, monitor=_monitor_json(monitor), script=script or {}, notes=notes,
         step_signal=timeline.signal, input_source=timeline.input_source, seen=timeline.seen(),
         step_spread=spread, intervals={k: list(v) for k, v in intervals.items()} if intervals else None,
-        contention=contention, oom=oom)
+        contention=contention, oom=oom, compute=compute)
+
+
+# MFU bands for a compute-bound verdict: near the peak only less work helps; far below it the step is made of
+# small kernels, launch overhead or the wrong layout/precision, which compile, a larger batch or CUDA graphs fix.
+NEAR_PEAK, FAR_BELOW_PEAK = 0.5, 0.2
+COUNTED = ("one whole training step after the measured ones, as the script ran it (matmuls, convolutions and "
+           "attention at 2 FLOPs per multiply-add; elementwise ops and the optimizer count 0)")
+
+
+def _compute(instrumentation: Instrumentation, records: list[StepRecord]) -> dict[str, Any] | None:
+    """The report's `compute` entry: the counted step's FLOPs over the mean measured step, against the peak at the
+    run's precision and thread count (a datasheet's dense figure for a known GPU, else measured: flops.py)."""
+    if not records:
+        return None
+    flops = instrumentation.flops_per_step
+    if flops is None:
+        return {"flops_per_step": None, "reason": instrumentation.flops_reason or "no step was counted"}
+    observed = instrumentation.observed
+    kind = _device(observed)
+    device = torch.device(kind) if observed.device_index is None else torch.device(kind, observed.device_index)
+    autocast = [dtype for where, dtype in sorted(observed.autocast) if where == kind]
+    dtype_name = autocast[0] if autocast else next(iter(sorted(observed.parameter_dtypes)), "float32")
+    dtype = getattr(torch, dtype_name, torch.float32)
+    try:
+        peak = peak_flops(device, dtype, threads=observed.threads or None)
+    except (RuntimeError, ValueError) as e:  # a dtype without matmuls on this device
+        return {"flops_per_step": flops, "reason": f"no peak for {dtype_name} on {device}: {e}"}
+    step_s = statistics.fmean(r.total_s for r in records)
+    return utilisation(flops, step_s, peak).to_json() | {"covers": COUNTED, "reason": None}
+
+
+def _with_peak(verdict: Verdict, compute: dict[str, Any] | None) -> Verdict:
+    """A compute-bound verdict says how far from the peak the compute runs, which decides the fix."""
+    mfu = compute.get("mfu") if compute else None
+    if verdict.name != "compute-bound" or mfu is None or compute is None:
+        return verdict
+    source = "a datasheet's" if str(compute["peak_source"]).startswith("table") else "a measured"
+    where = f"model FLOPs utilisation {mfu:.0%} of {source} {compute['peak_precision']} peak"
+    if mfu >= NEAR_PEAK:
+        advice = ("near the hardware's limit at this precision: only less work (a smaller model, fewer FLOPs per "
+                  "sample) or a faster precision helps")
+    elif mfu < FAR_BELOW_PEAK:
+        advice = ("far below the peak: small kernels, launch overhead, layout or precision hold it back "
+                  "(torch.compile, a larger batch, mixed precision, CUDA graphs)")
+    else:
+        advice = "between the two: both more efficient kernels and less work can help"
+    return Verdict(verdict.name, f"{verdict.reason}; {where}: {advice}")
 
 
 def _observed_json(evidence: Evidence, observed: Observations, *, gpu_util: float | None,
@@ -283,14 +396,17 @@ def _observed_json(evidence: Evidence, observed: Observations, *, gpu_util: floa
         "gpu_util_devices": gpu_util_devices, "device_busy_fraction": device_busy,
         "jpeg_decoded_pixels_median": evidence.jpeg_decoded_pixels,
         "thread_probe": {"threads": probe[0], "compute_slowdown": probe[1]} if probe else None,
+        "trials": evidence.trials.to_json() if evidence.trials is not None else None,
     }
 
 
-def _thread_probe(timeline: Timeline, threads: int | None, records: list[StepRecord]) -> tuple[int, float] | None:
-    probed = timeline.phase_records(THREADS_PHASE)
-    if threads is None or not probed or not records or _median_compute(records) <= 0:
+def _thread_probe(trials: Trials | None) -> tuple[int, float] | None:
+    """(threads, slowdown) of the fewest-threads count the replay measured, for the loader fix that proposes it."""
+    if trials is None:
         return None
-    return threads, _median_compute(probed) / _median_compute(records)
+    measured = [(int(t.value), t.factor) for key, t in trials.trials.items() if key.startswith("threads:") and t.factor]
+    fewest = min(measured, default=None)
+    return (fewest[0], 1 / fewest[1]) if fewest is not None else None
 
 
 def _intervals(records: list[StepRecord]) -> dict[str, tuple[float, float]] | None:
@@ -298,7 +414,7 @@ def _intervals(records: list[StepRecord]) -> dict[str, tuple[float, float]] | No
         return None
     totals = [r.total_s for r in records]
     parts = {"data_wait": [r.wait_s for r in records], "transfer": [r.transfer_s for r in records],
-             "host": [r.host_s for r in records]}
+             "host": [r.host_s for r in records]}  # (not collection: one step a cycle has it, the cycle is the unit)
     return {name: share_interval(values, totals) for name, values in parts.items()}
 
 
@@ -310,20 +426,21 @@ def _spread(records: list[StepRecord]) -> dict[str, float] | None:
 
 
 def _contention(monitor: Monitor | None, measuring_from: float | None) -> dict[str, Any] | None:
-    """Cores other processes kept busy while measuring: all CPUs' busy time less this process and its workers."""
+    """Cores other processes kept busy while measuring: all CPUs' busy time less this process and its workers
+    (whose own use, over the same samples, is `own_cores_busy_mean`: a job's other ranks take it off theirs)."""
     since = _since_start(monitor, measuring_from)
     if monitor is None or since is None or "cpu.percent" not in monitor.metrics():
         return None
     cores = sum(1 for m in monitor.metrics() if m.startswith("cpu") and m[3:4].isdigit()) or psutil.cpu_count() or 1
     series = {m: dict(zip(*monitor.series(m), strict=True)) for m in ("cpu.percent", "proc.cpu_percent",
                                                                        "workers.cpu_percent")}
-    others = [max(0.0, busy * cores - series["proc.cpu_percent"].get(t, 0.0)
-                  - series["workers.cpu_percent"].get(t, 0.0)) / 100
-              for t, busy in series["cpu.percent"].items() if t >= since]
+    times = [t for t in series["cpu.percent"] if t >= since]
+    own = [(series["proc.cpu_percent"].get(t, 0.0) + series["workers.cpu_percent"].get(t, 0.0)) / 100 for t in times]
+    others = [max(0.0, series["cpu.percent"][t] * cores / 100 - mine) for t, mine in zip(times, own, strict=True)]
     if not others:
         return None
     return {"other_cores_busy_mean": statistics.fmean(others), "other_cores_busy_max": max(others), "cores": cores,
-            "samples": len(others)}
+            "samples": len(others), "own_cores_busy_mean": statistics.fmean(own)}
 
 
 def _noise_notes(spread: dict[str, float] | None, contention: dict[str, Any] | None) -> list[str]:
@@ -333,7 +450,10 @@ def _noise_notes(spread: dict[str, float] | None, contention: dict[str, Any] | N
                      f"p90 {spread['p90'] * 1e3:.1f} ms): the figures are unreliable; measure more steps "
                      "(--steps) on a quieter machine")
     if contention and contention["other_cores_busy_mean"] >= CONTENTION_CORES:
-        notes.append(f"other processes kept {contention['other_cores_busy_mean']:.1f} of {contention['cores']} "
+        siblings = contention.get("sibling_cores_busy_mean")
+        who = (f"other processes (not counting this job's other ranks here, {siblings:.1f} cores)" if siblings
+               else "other processes")
+        notes.append(f"{who} kept {contention['other_cores_busy_mean']:.1f} of {contention['cores']} "
                      "cores busy while measuring: the script's figures include that contention")
     return notes
 
@@ -381,16 +501,18 @@ def _since_start(monitor: Monitor | None, monotonic: float | None) -> float | No
     return None if monotonic is None or started is None else monotonic - started
 
 
-def _worker_rss_growth(monitor: Monitor | None, measuring_from: float | None) -> float | None:
-    """Sustained growth (bytes/min) of the warm workers' resident memory while measuring: copy-on-read."""
+def _worker_private_growth(monitor: Monitor | None, measuring_from: float | None) -> float | None:
+    """Sustained growth (bytes/min) of the warm workers' private memory while measuring: copy-on-read. Not their
+    RSS, which copied pages leave unchanged and restarted workers step up (see monitor.sources.PsutilSource)."""
     since = _since_start(monitor, measuring_from)
-    if monitor is None or since is None or "workers.rss_bytes" not in monitor.metrics():
+    if monitor is None or since is None or "workers.private_bytes" not in monitor.metrics():
         return None
-    times, values = monitor.series("workers.rss_bytes")
-    count_times, counts = monitor.series("workers.count")
-    if count_times != times:
+    times, values = monitor.series("workers.private_bytes")  # not in every sample: matched to the others by time
+    counts, started = (dict(zip(*monitor.series(m), strict=True)) for m in ("workers.count", "workers.started"))
+    if any(t not in counts or t not in started for t in times):
         return None
-    return sustained_growth_per_minute(times, values, counts, since=since)
+    return sustained_growth_per_minute(times, values, [counts[t] for t in times], since=since,
+                                       started=[started[t] for t in times])
 
 
 def _gpu_memory_fraction(device: str, index: int | None) -> float | None:
@@ -438,6 +560,8 @@ def render_terminal(report: Report, console: Console) -> None:
                       f"step p10/p50/p90 {1e3 * spread.get('p10', 0):.1f}/{1e3 * spread.get('p50', 0):.1f}/"
                       f"{1e3 * spread.get('p90', 0):.1f} ms")
         console.print(_split_bar(report.fractions))
+        if report.compute:
+            console.print(escape(compute_line(report.compute)))
     if report.loaders:
         table = Table(title="loaders", title_justify="left")
         for column in ("#", "kind", "dataset", "workers", "pin", "persistent", "prefetch", "batches", "wait"):
@@ -448,14 +572,17 @@ def render_terminal(report: Report, console: Console) -> None:
         console.print(table)
     if report.recommendations:
         verified = report.verify is not None
-        title = "fixes, largest measured gain first" if verified else "fixes, largest expected gain first"
+        title = ("fixes, verified gains first" if verified else "fixes, measured gains first, then estimates")
         table = Table(title=title, title_justify="left", show_lines=True)
-        for column in ("id", "expected", *(("measured",) if verified else ()), "fix"):
+        for column in ("id", "expected", *(("verified",) if verified else ()), "fix"):
             table.add_column(column, overflow="fold")
         for r in report.recommendations:
-            expected = f"{r.expected_gain:.2f}x" if r.expected_gain else "?"
+            basis = "measured" if r.gain_basis != "estimate" else "estimate"  # (verified: its own column)
+            expected = f"{r.expected_gain:.2f}x\n{basis}" if r.expected_gain else f"?\n{basis}"
             measured = (f"{r.measured_gain:.2f}x" if r.measured_gain is not None else "-",) if verified else ()
-            table.add_row(r.id, expected, *measured, f"[bold]{r.title}[/]\nwhy: {r.why}\nfix: [cyan]{r.fix}[/]")
+            estimate = f"\nan estimate: {r.basis_reason}" if r.gain_basis == "estimate" and r.basis_reason else ""
+            table.add_row(r.id, expected, *measured,
+                          f"[bold]{r.title}[/]\nwhy: {r.why}{estimate}\nfix: [cyan]{r.fix}[/]")
         console.print(table)
     elif report.verdict is not None:
         console.print("no fix to recommend from what was measured")
@@ -464,6 +591,18 @@ def render_terminal(report: Report, console: Console) -> None:
             console.print(f"[yellow]{check['status']}[/] {check['name']}: {check['detail']} — {check.get('fix', '')}")
     for note in report.notes:
         console.print(f"note: {note}")
+
+
+def compute_line(compute: dict[str, Any]) -> str:
+    """The `compute` entry in words: FLOPs per step, the rate achieved and how far it is from the peak."""
+    flops = compute.get("flops_per_step")
+    if flops is None or compute.get("achieved_flops_per_s") is None:
+        return f"compute: FLOPs not counted ({compute.get('reason') or 'unknown'})"
+    head = (f"compute: {flops / 1e9:,.2f} GFLOP per step, {compute['achieved_flops_per_s'] / 1e9:,.1f} GFLOP/s "
+            f"achieved; peak {compute['peak_flops_per_s'] / 1e9:,.0f} GFLOP/s ({compute['peak_source']})")
+    if compute.get("mfu") is None:
+        return f"{head}; MFU not reported: {compute.get('mfu_error')}"
+    return f"{head}: MFU {compute['mfu']:.1%}"
 
 
 def oom_headline(oom: dict[str, Any]) -> str:
@@ -482,6 +621,7 @@ def oom_paragraph(oom: dict[str, Any], *, headline: bool = True) -> str:
 
 def _split_bar(f: Fractions, width: int = 60) -> str:
     parts = [("data wait", f.data_wait, "red"), ("transfer", f.transfer, "magenta"), ("host", f.host, "yellow"),
+             *((("rollout / host work between updates", f.collection, "blue"),) if f.collection else ()),
              ("compute", f.compute, "green")]
     bar = "".join(f"[{color}]{'█' * round(share * width)}[/]" for _, share, color in parts)
     legend = "  ".join(f"[{color}]■[/] {name} {share:.0%}" for name, share, color in parts)

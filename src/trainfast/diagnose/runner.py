@@ -12,9 +12,10 @@ A crash that is an out-of-memory error (CUDA's, or the CPU allocator's "can't al
 report's `oom` entry: where it happened, what the allocator held (read in the `except` block, while the failed
 step's tensors are still alive) and what to change (trainfast/oom.py, as the Trainer says it).
 
-On the CPU, when the loader fix the doctor is about to propose would give the model step fewer intra-op
-threads, a few more steps are measured at that thread count after the others (the "threads" phase): on 2 CPUs a
-compute-heavy step can take 1.8x as long on one thread, which turns "more workers" into a slowdown.
+When the measured steps end, the candidate fixes (mixed precision, channels_last, another intra-op thread count:
+on 2 CPUs a compute-heavy step can take 1.8x as long on one thread, which turns "more workers" into a slowdown) are
+timed on a copy of the script's model and its last input (probe.py), within half the budget left; the report
+ranks them by those figures.
 
 Under torchrun (2+ ranks, each running the doctor) no rank stops on its own clock: one that stopped alone would
 leave its peers in an all-reduce it never joins (a hang until the collective's timeout, or a crash when its
@@ -53,7 +54,7 @@ from typing import Any
 import torch
 
 from trainfast.diagnose.instrument import Instrumentation, Observations
-from trainfast.diagnose.report import Report, build_report, thread_probe
+from trainfast.diagnose.report import Report, build_report, gain_probe
 from trainfast.diagnose.timeline import MEASURE, StopMeasuring, Timeline
 from trainfast.envcheck.environment import environment, preflight
 from trainfast.monitor import Monitor
@@ -69,6 +70,11 @@ class DoctorRun:
     report: Report
     exit_code: int  # the script's own: 0 when it finished or was stopped after enough steps
     error: str | None  # the script's traceback, when it crashed
+    # Under torchrun: rank 0's `report` is the job's (every rank's figures, ranks.py); another rank's is its own,
+    # `published` when its figures reached rank 0 through the job's store.
+    rank: int = 0
+    world_size: int = 1
+    published: bool = False
 
 
 # Long enough for a slow start (dataset indexing, compilation) and 35 steps of a second each.
@@ -109,6 +115,15 @@ class StoreStop:
 
     def agreed(self) -> tuple[int, str] | None:
         return self._parse(self._call(lambda store: store.get(STOP_KEY) if store.check([STOP_KEY]) else None))
+
+    def store(self) -> Any:
+        """The job's store under this run's prefix (connected, or connecting now: may raise), for what the ranks
+        send each other after the run (ranks.py); None when it already failed during the run."""
+        if self._failed:
+            return None
+        if self._store is None:
+            self._store = self._connect()
+        return self._store
 
     def _call(self, operation: Callable[[Any], bytes | None]) -> bytes | None:
         if self._failed:
@@ -207,10 +222,10 @@ def _alarm(seconds: float | None, timeline: Timeline) -> Iterator[None]:
 
 def run_doctor(target: str, *, module: bool = False, args: list[str] | None = None, steps: int = 30,
                warmup: int = 5, max_seconds: float | None = DEFAULT_MAX_SECONDS,
-               monitor_interval_s: float = 0.5, probe_threads: bool = True) -> DoctorRun:
+               monitor_interval_s: float = 0.5, probe_gains: bool = True) -> DoctorRun:
     """Run `target` (a script path, or a module name with `module=True`) and measure `steps` steps, stopping it
-    after `max_seconds` of wall time whatever it has measured by then (None: no limit). `probe_threads=False`
-    skips the extra steps at a proposed thread count (a `--verify` run measures the fix itself)."""
+    after `max_seconds` of wall time whatever it has measured by then (None: no limit). `probe_gains=False` skips
+    timing the candidate fixes on a copy of the model (a `--verify` run measures the fix itself)."""
     if not module and not Path(target).is_file():
         raise FileNotFoundError(f"no script at {target!r}; give a Python file, or -m MODULE for a module")
     if max_seconds is not None and not max_seconds > 0:
@@ -240,9 +255,9 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
     # torch_settings() puts back the thread count, cudnn.benchmark and TF32 the script may change
     with torch_settings(), Monitor(interval_s=monitor_interval_s) as monitor, \
             Instrumentation(timeline, on_loader=on_loader) as inst:
-        # (torch_settings() puts the threads back.) Not under torchrun: whether to probe is decided on this rank's
-        # own timings, and a rank probing steps its peers do not would be a decision the ranks do not share.
-        probe = thread_probe(timeline, inst) if probe_threads and agreement is None else None
+        # The candidate fixes, timed on a copy of the model when the measured steps end (probe.py). Under torchrun
+        # too: a replay holds no collective, so a rank that takes longer only delays its peers' next all-reduce.
+        probe = gain_probe(timeline, inst) if probe_gains else None
         measured_benchmark: list[bool] = []  # cudnn.benchmark as the script had it when the measured steps ended
 
         def on_phase_end(phase: str) -> None:
@@ -306,7 +321,15 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
                      "ended; the figures are less certain")
     with torch_settings(cudnn_benchmark=script_benchmark):  # the script's choice, which the report reads
         report = build_report(timeline, inst, monitor=monitor, env=env, script=script, notes=notes, oom=oom)
-    return DoctorRun(report=report, exit_code=exit_code, error=error)
+    world_size = launched_ranks()
+    if world_size < 2:
+        return DoctorRun(report=report, exit_code=exit_code, error=error)
+    from trainfast.diagnose.ranks import job_report
+
+    # every rank measured; rank 0 gathers their figures into the job's one report, the others send theirs
+    report, published = job_report(report, agreement, world_size=world_size, exit_code=exit_code)
+    return DoctorRun(report=report, exit_code=exit_code, error=error, rank=report.rank, world_size=world_size,
+                     published=published)
 
 
 def _process_group_up() -> bool:

@@ -57,6 +57,9 @@ MEASURE = "measure"
 EVALUATION_FORWARDS = 3
 # Steps whose no-grad forwards make "usual" (their median): evaluation passes are rare bursts among them.
 USUAL_OVER_STEPS = 100
+# A cyclic window (module doc) ends at the first cycle boundary after its steps, or, for cycles longer than this many
+# times the steps asked for, where it is (the report says the window ends mid-cycle).
+MAX_CYCLE_STEPS = 4
 
 
 @dataclass(frozen=True)
@@ -68,10 +71,11 @@ class StepRecord:
     host_s: float
     samples: int
     syncs: int
+    collect_s: float = 0.0  # a collection phase before the step's update (module doc)
 
     @property
     def compute_s(self) -> float:
-        return max(0.0, self.total_s - self.wait_s - self.transfer_s - self.host_s)
+        return max(0.0, self.total_s - self.wait_s - self.transfer_s - self.host_s - self.collect_s)
 
 
 class StopMeasuring(BaseException):
@@ -118,7 +122,8 @@ class _Step:
     first_no_grad: float | None = None  # no loader: the first forward with gradients off (a teacher) uses the input
     counted_forward: bool = False
     evaluated: bool = False
-    evaluation_forwards: int = 0
+    evaluation_forwards: int = 0  # no-grad forwards before the update's input, the model in eval mode
+    collect_forwards: int = 0  # no-grad forwards before the update's input, the model in training mode
     partial: bool = False  # began mid-iteration: dropped, not counted
     end: float = 0.0
     optimizers: tuple[int, ...] = ()
@@ -135,7 +140,11 @@ class _Step:
         self.syncs += later.syncs
         self.evaluated = self.evaluated or later.evaluated
         self.evaluation_forwards += later.evaluation_forwards
+        self.collect_forwards += later.collect_forwards
         self.optimizers += later.optimizers
+
+
+Row = tuple[float, float, float, float, float, int, int, float]  # a StepRecord's fields, in order
 
 
 @dataclass
@@ -143,13 +152,27 @@ class _Phase:
     name: str
     warmup: int
     steps: int | None
-    rows: list[tuple[float, float, float, float, float, int, int]] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
     copies: dict[int, list[tuple[Any, float]]] = field(default_factory=dict)  # row index -> its device-timed copies
     seen: int = 0
+    cyclic: bool = False  # the loop collects before some updates: the window spans whole cycles (module doc)
+    closed: bool = False  # the window ended (a cyclic one, at the next collection step)
+    ended: bool = False  # on_phase_end was called
+    # the measured window: every step after the warm-up, those left out of the rows too (they trained as well)
+    window_start: float | None = None
+    window_end: float = 0.0
+    window_samples: int = 0
 
     @property
     def done(self) -> bool:
-        return self.steps is not None and len(self.rows) >= self.steps
+        if self.closed:
+            return True
+        return self.steps is not None and len(self.rows) >= self.steps and not self.cyclic
+
+    def reset(self) -> None:
+        self.rows.clear()
+        self.copies.clear()
+        self.seen, self.window_start, self.window_end, self.window_samples = 0, None, 0.0, 0
 
 
 class Timeline:
@@ -183,6 +206,8 @@ class Timeline:
         self._pending: _Step | None = None
         # no-grad forwards before the training one, of the last steps: their median is what a step usually has
         self._no_grad_counts: collections.deque[int] = collections.deque(maxlen=USUAL_OVER_STEPS)
+        self._collect_counts: collections.deque[int] = collections.deque(maxlen=USUAL_OVER_STEPS)
+        self._in_optimizer = False  # inside optimizer.step(): a closure's forwards and backwards are part of it
 
     # ---- called by the hooks: keep them lean, they run every step
     def fetched(self, asked: float, got: float, samples: int) -> None:
@@ -219,38 +244,53 @@ class Timeline:
                 if batch is not None:  # weakly: a micro-batch freed since cannot match a new one at its address
                     cur.inputs += (weakref.ref(batch),)
 
-    def evaluation_forward(self, now: float) -> None:
-        """A model's forward with gradients off: counted; `EVALUATION_FORWARDS` or more of them before the step's
-        first training forward, beyond twice the median of recent steps', are an evaluation pass (nanoGPT's
-        estimate_loss), and the step is left out as with a loader. A teacher's forwards in every step, or an RL
-        loop's action choices, are not: they are compute, and, without a loader, the first of them is where the
-        step's input is first used."""
+    def evaluation_forward(self, now: float, training: bool = False) -> None:
+        """A model's forward with gradients off, the model in training mode (`training`) or not: counted.
+        `EVALUATION_FORWARDS` or more of them before the step's input, beyond twice the median of recent steps',
+        are a phase of their own: with the model in eval mode an evaluation pass (nanoGPT's estimate_loss calls
+        model.eval()), left out as a loader's validation pass is; in training mode a collection phase (an RL
+        rollout, a GAN's sampling), kept in the step and booked as collection. A teacher's forward in every step
+        is neither: it is compute, and, without a loader, the first of them is where the step's input is first
+        used."""
         self.forwards += 1
         cur = self._cur
-        if cur.first_forward is None and not self.loader_fed:
-            cur.evaluation_forwards += 1
+        if self.loader_fed:
+            if training and cur.first_ask is None:
+                cur.collect_forwards += 1
+            return
+        if cur.first_forward is None:
+            if training:
+                cur.collect_forwards += 1
+            else:
+                cur.evaluation_forwards += 1
             if cur.first_no_grad is None:
                 cur.first_no_grad = now
 
     def backward(self) -> None:
         self.backwards += 1
         self._cur.counted_forward = False
+        if self._in_optimizer:  # a closure's evaluation inside optimizer.step(closure) (LBFGS): part of that step
+            return
         if self.signal is None:
             self.signal = "backward"  # until an optimizer is seen to step
         if self.signal == "backward":
             self._complete(time.perf_counter())
 
+    def optimizer_step_begins(self) -> None:
+        """An optimizer's step() begins: backwards until it ends are a closure's (LBFGS evaluates it up to 20
+        times per step), one step however many."""
+        self._in_optimizer = self.signal != "explicit"
+
     def optimizer_step(self, optimizer: object) -> None:
         self.optimizer_steps += 1
+        self._in_optimizer = False
         if self.signal == "explicit":
             return
         now = time.perf_counter()
         if self.signal != "optimizer":
             if self.signal == "backward":  # what looked like steps were micro-batches: measure afresh
                 for phase in self.phases:
-                    phase.rows.clear()
-                    phase.copies.clear()
-                    phase.seen = 0
+                    phase.reset()
                 self.steps_seen = self.evaluation_steps = 0
                 if self._pending is not None:  # the micro-batches since the last one closed join this step
                     self._pending.absorb(self._cur)
@@ -336,9 +376,11 @@ class Timeline:
                 phase = self._phase = next((p for p in self.phases if not p.done), None)
             measured = self._measure(step, phase)
             self._no_grad_counts.append(step.evaluation_forwards)
+            self._collect_counts.append(step.collect_forwards)
             if self.on_close is not None:
                 self.on_close(measured and phase is not None and phase.name == MEASURE)
-            if phase is not None and measured and phase.done:
+            if phase is not None and phase.done and not phase.ended:
+                phase.ended = True
                 if self.on_phase_end is not None:
                     self.on_phase_end(phase.name)
                 if stop and self.stop_when_done and self.done:
@@ -370,40 +412,64 @@ class Timeline:
             raise StopMeasuring(self.stop_at[1])
 
     def _measure(self, step: _Step, phase: _Phase | None) -> bool:
-        """Add the step to its phase's rows unless it is warm-up or spans an evaluation; True if added."""
-        if phase is None:
+        """Add the step to its phase's rows unless it is warm-up, spans an evaluation, or falls outside a cyclic
+        window (module doc); True if added."""
+        if phase is None or phase.closed:
             return False
         phase.seen += 1
+        collection = self._unusual(step.collect_forwards, self._collect_counts)
+        if collection and phase.name == MEASURE and not phase.cyclic:
+            phase.cyclic = True
+            if phase.window_start is not None:  # the first cycle is found mid-window: the window starts at it
+                phase.reset()
+                phase.seen = phase.warmup + 1
         if phase.seen <= phase.warmup:
-            if phase.seen == phase.warmup and phase.name == MEASURE:
-                self.measure_started_monotonic = time.monotonic()
             return False
-        if phase.name == MEASURE and self.measure_started_monotonic is None:
-            self.measure_started_monotonic = time.monotonic()
-        if step.evaluated or self._spans_evaluation(step.evaluation_forwards):
-            self.evaluation_steps += 1
-            return False
+        if phase.cyclic:
+            if phase.window_start is None and not collection:
+                return False  # the window starts where a cycle does
+            if phase.steps is not None and len(phase.rows) >= phase.steps and (
+                    collection or len(phase.rows) >= MAX_CYCLE_STEPS * phase.steps):
+                phase.closed = True  # the window ends where the next cycle starts
+                return False
         first_input = step.first_ask if step.first_ask is not None else _earliest(step.first_forward,
                                                                                   step.first_no_grad)
         start = step.start
         if step.opening and first_input is not None:  # not the script's start-up (imports, building the model)
             start = max(start, first_input - step.gap_sync_wait - step.gap_transfer)
+        samples = step.samples or step.forward_samples
+        if phase.window_start is None:
+            phase.window_start = start
+            if phase.name == MEASURE:
+                self.measure_started_monotonic = start + self._to_monotonic
+        phase.window_end = step.end
+        phase.window_samples += samples
+        if step.evaluated or self._unusual(step.evaluation_forwards, self._no_grad_counts):
+            self.evaluation_steps += 1
+            return False
         gap = max(0.0, first_input - start - step.gap_sync_wait - step.gap_transfer) if first_input is not None else 0.0
+        collect = 0.0
+        if collection:  # the collection phase and the host work around it, up to the update's input
+            training_input = step.first_ask if step.first_ask is not None else step.first_forward
+            end = training_input if training_input is not None else step.end
+            collect, gap = max(0.0, end - start - step.gap_sync_wait - step.gap_transfer), 0.0
         # Without a loader, the time before the model's first forward is input preparation (data wait).
         wait, host = (step.wait, gap) if step.first_ask is not None or self.loader_fed else (step.wait + gap, 0.0)
         if step.copies:
             phase.copies[len(phase.rows)] = step.copies
-        phase.rows.append((step.end - self.started, step.end - start, wait, step.transfer, host,
-                           step.samples or step.forward_samples, step.syncs))
+        phase.rows.append((step.end - self.started, step.end - start, wait, step.transfer, host, samples, step.syncs,
+                           collect))
         if phase.name == MEASURE:
             self.measure_ended_monotonic = step.end + self._to_monotonic
         return True
 
-    def _spans_evaluation(self, no_grad_forwards: int) -> bool:
-        """A step's no-grad forwards before its training forward are an evaluation pass (module doc)."""
+    @staticmethod
+    def _unusual(no_grad_forwards: int, history: collections.deque[int]) -> bool:
+        """A step's no-grad forwards before its input make a phase of their own (evaluation or collection:
+        module doc) when there are `EVALUATION_FORWARDS` more than twice what recent steps usually have."""
         if no_grad_forwards < EVALUATION_FORWARDS:  # most steps: no median to take (it costs ~1.3 us)
             return False
-        usual = statistics.median_low(self._no_grad_counts) if self._no_grad_counts else 0
+        usual = statistics.median_low(history) if history else 0
         return no_grad_forwards >= EVALUATION_FORWARDS + 2 * usual
 
     # ---- read when reporting
@@ -414,11 +480,11 @@ class Timeline:
         copies are read (after the device has synchronised); a second call changes nothing."""
         for phase in self.phases:
             for index, copies in phase.copies.items():
-                end_s, total, wait, transfer, host, samples, syncs = phase.rows[index]
+                end_s, total, wait, transfer, host, samples, syncs, collect = phase.rows[index]
                 for copy, blocked in copies:
                     transfer -= blocked - min(blocked, device_seconds(copy))
-                transfer = min(max(0.0, transfer), max(0.0, total - wait - host))
-                phase.rows[index] = (end_s, total, wait, transfer, host, samples, syncs)
+                transfer = min(max(0.0, transfer), max(0.0, total - wait - host - collect))
+                phase.rows[index] = (end_s, total, wait, transfer, host, samples, syncs, collect)
             phase.copies.clear()
 
     def add_phase(self, name: str, *, warmup: int, steps: int) -> None:
@@ -436,6 +502,24 @@ class Timeline:
     @property
     def done(self) -> bool:
         return all(p.done for p in self.phases)
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """Samples trained over the measured window's wall time: every step after the warm-up, those left out of
+        the figures (an evaluation pass) included, never samples over the mean kept step (a loop that collects or
+        evaluates between updates trains at the window's rate)."""
+        phase = self.phases[0]
+        seconds = phase.window_end - (phase.window_start or phase.window_end)
+        return phase.window_samples / seconds if phase.window_samples and seconds > 0 else None
+
+    @property
+    def cycle(self) -> str | None:
+        """How the measured window met the loop's cycles: None (no collection phase), "whole" (it spans whole
+        cycles) or "partial" (a cycle longer than the window allows: it ends mid-cycle)."""
+        phase = self.phases[0]
+        if not phase.cyclic:
+            return None
+        return "whole" if phase.closed and len(phase.rows) < MAX_CYCLE_STEPS * (phase.steps or 0) else "partial"
 
     @property
     def measuring(self) -> bool:

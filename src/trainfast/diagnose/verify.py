@@ -149,15 +149,15 @@ def apply_overrides(overrides: Mapping[str, Any]) -> Iterator[None]:
 
 
 def rank_verified(recommendations: Sequence[Recommendation]) -> list[Recommendation]:
-    """The fixes measured to pay first, largest measured gain first (a measurement outranks an estimate); then
-    the unmeasured ones by expected gain; then the fixes with neither; last the ones measured slower than the
-    baseline (gain < 1), never first. Stable."""
+    """The fixes verified to pay first, largest verified gain first; then the ones whose gain was measured in the
+    run, then the estimates (a measurement outranks an estimate), each by expected gain; then the fixes with no
+    figure; last the ones verified slower than the baseline (gain < 1), never first. Stable."""
     def key(r: Recommendation) -> tuple[int, float]:
         if r.measured_gain is not None:
-            return (0, -r.measured_gain) if r.measured_gain >= 1.0 else (3, -r.measured_gain)
+            return (0, -r.measured_gain) if r.measured_gain >= 1.0 else (4, -r.measured_gain)
         if r.expected_gain is not None:
-            return 1, -r.expected_gain
-        return 2, 0.0
+            return (1 if r.gain_basis == "measured" else 2), -r.expected_gain
+        return 3, 0.0
     return sorted(recommendations, key=key)
 
 
@@ -176,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with apply_overrides(spec.get("overrides") or {}):
         run = run_doctor(spec["target"], module=bool(spec.get("module")), args=list(spec.get("args") or []),
                          steps=int(spec["steps"]), warmup=int(spec["warmup"]), max_seconds=spec.get("max_seconds"),
-                         probe_threads=False)  # the fix itself is what this run measures
+                         probe_gains=False)  # the fix itself is what this run measures
     write_json(spec["out"], {"exit_code": run.exit_code, "error": run.error, "report": run.report.to_json()})
     return 0
 
@@ -391,7 +391,8 @@ def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | Non
             gains[fix_id].update(median=measured[fix_id], min=min(values), max=max(values),
                                  measured_repeats=len(values))
     info["seconds"] = time.perf_counter() - started
-    verified = [replace(r, measured_gain=measured.get(r.id)) if r.overrides else r for r in recommendations]
+    verified = [replace(r, measured_gain=measured[r.id], gain_basis="verified", basis_reason=None)
+                if r.overrides and r.id in measured else r for r in recommendations]
     return rank_verified(verified), info
 
 

@@ -104,7 +104,7 @@ def test_in_memory_names_a_subset_of_tensors() -> None:
 @pytest.mark.parametrize(("overrides", "expected", "absent"), [
     ({"loaders": (loader(in_memory=True, num_workers=2),), "fractions": INPUT_BOUND}, "in_memory", "num_workers"),
     ({"device": "cuda", "loaders": (loader(),), "fractions": Fractions(0, 0.2, 0, 0.8)}, "pin_memory", None),
-    ({"loaders": (loader(num_workers=4, startup_s=[2.0, 2.0]),)}, "persistent_workers", None),
+    ({"loaders": (loader(num_workers=4, startup_s=[2.0, 2.0], epochs=2),)}, "persistent_workers", None),
     ({"loaders": (loader(num_workers=4, prefetch_factor=2),), "fractions": INPUT_BOUND, "wait_spike_ratio": 5.0},
      "prefetch_factor", None),
     ({"device": "cuda"}, "amp", None),
@@ -116,12 +116,12 @@ def test_in_memory_names_a_subset_of_tensors() -> None:
     ({"compiled": True, "recompiled_frames": 3, "graph_breaks": 1}, "compile", None),
     ({"conv_weights": 5}, "channels_last", None),
     ({"device": "cuda", "conv_weights": 5, "autocast": (("cuda", "bfloat16"),)}, "cudnn_benchmark", None),
-    ({"syncs_per_step": 1.0, "device": "cuda"}, "host_sync", None),
+    ({"syncs_per_step": 1.0, "device": "cuda", "fractions": Fractions(0, 0, 0.2, 0.8)}, "host_sync", None),
     ({"loaders": (loader(num_workers=4, prefetch_factor=2),), "shm_bytes": 2**20}, "shm_size", None),
     ({"loaders": (loader(decode="full"),), "fractions": INPUT_BOUND}, "decode_size", None),
     ({"loaders": (loader(),), "fractions": INPUT_BOUND, "jpeg_decoded_pixels": 400.0 * 300}, "decode_size", None),
     ({"fractions": Fractions(0, 0, 0.4, 0.6)}, "batch_size", None),
-    ({"loaders": (loader(num_workers=4),), "worker_rss_growth_per_min": 500 * 2**20}, "copy_on_read", None),
+    ({"loaders": (loader(num_workers=4),), "worker_private_growth_per_min": 500 * 2**20}, "copy_on_read", None),
 ])
 def test_each_rule_fires_on_its_evidence(overrides: dict[str, Any], expected: str, absent: str | None) -> None:
     found = ids(evidence(**overrides))
@@ -151,15 +151,28 @@ def test_rules_stay_quiet_without_evidence(overrides: dict[str, Any]) -> None:
     assert not {"amp", "cudnn_benchmark", "shm_size", "batch_size", "channels_last"} & set(ids(evidence(**overrides)))
 
 
-def test_ranked_by_expected_gain_unknown_last() -> None:
+def test_ranked_measured_first_then_estimates_each_by_expected_gain_unknown_last() -> None:
     e = evidence(verdict="input-bound", fractions=INPUT_BOUND, loaders=(loader(decode="full"),), device="cuda",
                  syncs_per_step=1.0, conv_weights=3, cudnn_benchmark=False)
-    gains = [r.expected_gain for r in recommend(e)]
-    known = [g for g in gains if g is not None]
-    assert known == sorted(known, reverse=True) and gains[len(known):] == [None] * (len(gains) - len(known))
-    for r in recommend(e):
-        assert set(r.to_json()) == {"id", "title", "why", "fix", "expected_gain", "measured_gain", "overrides"}
+    recs = recommend(e)
+    bases = [r.gain_basis for r in recs]
+    assert bases == sorted(bases, key=lambda b: b == "estimate") and "measured" in bases and "estimate" in bases
+    for basis in ("measured", "estimate"):
+        gains = [r.expected_gain for r in recs if r.gain_basis == basis]
+        known = [g for g in gains if g is not None]
+        assert known == sorted(known, reverse=True) and gains[len(known):] == [None] * (len(gains) - len(known))
+    for r in recs:
+        assert set(r.to_json()) == {"id", "title", "why", "fix", "expected_gain", "measured_gain", "gain_basis",
+                                    "gain_basis_reason", "overrides"}
         assert r.why and r.fix
+        assert (r.gain_basis == "estimate") == (r.basis_reason is not None), r  # an estimate says why it is one
+
+
+def test_persistent_workers_not_offered_before_a_second_epoch_begins() -> None:
+    """A run of one epoch (or one stopped in its first) has no worker restart to save."""
+    one = evidence(loaders=(loader(num_workers=4, startup_s=[2.0], epochs=1),))
+    two = evidence(loaders=(loader(num_workers=4, startup_s=[2.0, 2.0], epochs=2),))
+    assert "persistent_workers" not in ids(one) and "persistent_workers" in ids(two)
 
 
 @pytest.mark.parametrize(("slowdown", "gain"), [
@@ -188,9 +201,25 @@ def test_a_compute_heavy_step_gets_no_worker_fix_that_would_slow_it() -> None:
 
 
 def test_host_sync_only_where_a_sync_costs_something() -> None:
-    assert "host_sync" not in ids(evidence(syncs_per_step=3.0, device="cpu"))
-    assert "host_sync" in ids(evidence(syncs_per_step=3.0, device="cuda"))
-    assert "host_sync" not in ids(evidence(syncs_per_step=0.5, device="cuda"))
+    host = Fractions(0, 0, 0.2, 0.8)
+    assert "host_sync" not in ids(evidence(syncs_per_step=3.0, device="cpu", fractions=host))
+    assert "host_sync" in ids(evidence(syncs_per_step=3.0, device="cuda", fractions=host))
+    assert "host_sync" not in ids(evidence(syncs_per_step=0.5, device="cuda", fractions=host))
+
+
+def test_a_sync_per_step_of_a_gpu_bound_loop_is_not_a_fix() -> None:
+    """word_language_model's loss.item() once a step: the step waits for the GPU anyway, the host is idle."""
+    busy = evidence(device="cuda", syncs_per_step=1.0, fractions=Fractions(0, 0, 0.01, 0.99))
+    assert "host_sync" not in ids(busy)
+
+
+def test_more_workers_than_cores_is_a_ranked_fix_to_verify() -> None:
+    """4 workers on 2 CPUs: not only a pre-flight warning but a fix --verify can measure."""
+    recs = recommend(evidence(loaders=(loader(num_workers=4),), cpus=2, threads=1))
+    fix = next(r for r in recs if r.id == "num_workers")
+    assert "num_workers=2" in fix.fix and fix.overrides == {"num_workers": 2} and fix.gain_basis == "estimate"
+    assert "--verify" in (fix.basis_reason or "")
+    assert "num_workers" not in ids(evidence(loaders=(loader(num_workers=2),), cpus=2, threads=1))
 
 
 def test_fixes_the_doctor_can_inject_say_how() -> None:

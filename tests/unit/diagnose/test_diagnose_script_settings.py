@@ -44,7 +44,7 @@ def test_the_report_has_the_scripts_cudnn_benchmark(body: str, expected: bool, t
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.format(body=BODIES[body]))
     before = torch.backends.cudnn.benchmark
-    run = run_doctor(str(script), steps=5, warmup=1, probe_threads=False)
+    run = run_doctor(str(script), steps=5, warmup=1, probe_gains=False)
     report = run.report.to_json()
     assert run.exit_code == 0 and report["steps_measured"] == 5, report["script"]
     assert report["observed"]["cudnn_benchmark"] is expected

@@ -3,7 +3,6 @@ backward passes without an optimizer, input preparation without a loader, the ti
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,19 +10,11 @@ import torch
 from torch import nn
 
 from trainfast.diagnose import instrument as instrument_module
-from trainfast.diagnose import timeline as timeline_module
 from trainfast.diagnose.instrument import Instrumentation
 from trainfast.diagnose.models import batch_axis, root_modules
 from trainfast.diagnose.timeline import StopMeasuring, Timeline
 
 D, G = object(), object()  # two optimizers
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
-    now = [100.0]
-    monkeypatch.setattr(timeline_module.time, "perf_counter", lambda: now[0])
-    yield now
 
 
 def tick(clock: list[float], seconds: float) -> float:

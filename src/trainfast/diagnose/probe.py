@@ -1,0 +1,307 @@
+"""Measured gains: each candidate fix timed on the script's own model and its own last training input.
+
+When the measured steps end (a hook, while the script is alive), each model the script trains is copied (its state
+must not change: a forward in training mode moves BatchNorm's statistics, a backward fills gradients) and its
+forward + backward on its last training input (detached: a GAN's discriminator last saw the generator's output),
+with the gradient of the outputs' mean as a stand-in for the script's loss, is timed, all models in turn, as they
+ran ("base") and with each candidate: bf16/fp16 autocast, channels_last, another intra-op
+thread count. Base and candidate alternate, `ROUNDS` times after a warm-up each (oneDNN builds its bf16 and NHWC
+kernels on the first call), and the factor is the median of the rounds' base / candidate ratios, with their
+spread. A candidate is `faster` only when that median clears `MARGIN` and most rounds agree: a 3 % edge on this
+shared 2-core machine is within the noise of a single pair.
+
+What a replay covers: one forward and backward of each model; the loss, the optimizer step and anything else the
+step does are not in it. Where the replay is shorter than the step's measured compute, the factor applies only to
+the part it covers (`Trial.gain`). Nothing here is a collective: under torchrun every rank replays its own copy, and
+a slower one only delays its peers' next all-reduce.
+
+A candidate is not tried where it cannot apply (autocast leaves float64 alone; channels_last without a 2-D
+convolution) or where the budget left cannot hold its rounds; the reason is kept, and its recommendation, if any,
+is labelled an estimate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves, tree_map
+
+ROUNDS, MIN_ROUNDS, WARMUP_CALLS = 7, 3, 2
+# A candidate counts as faster when its median factor is at least this and more than half its rounds were faster.
+MARGIN = 1.03
+# Of the doctor's budget left when the measured steps end, the share the trials may take, and a ceiling: the
+# report should not wait a minute for trials on a slow model.
+BUDGET_SHARE, MAX_PROBE_S = 0.5, 30.0
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One candidate against the base, or why it was not measured (`factor` None)."""
+
+    id: str  # the recommendation it measures: "amp", "channels_last", "threads"
+    setting: str  # what was tried, in words: "bfloat16 autocast", "1 intra-op thread(s)"
+    factor: float | None = None  # base time / candidate time, median of the rounds (> 1: the candidate is faster)
+    low: float | None = None  # the slowest and fastest round's factor
+    high: float | None = None
+    rounds: int = 0
+    faster_rounds: int = 0
+    base_s: float | None = None  # median replay time as the script ran
+    reason: str | None = None  # why not measured
+    value: Any = None  # the setting itself (a dtype name, a thread count)
+    applies: bool = True  # False: the fix cannot apply to this run (autocast on float64): it is not offered
+
+    @property
+    def measured(self) -> bool:
+        return self.factor is not None
+
+    @property
+    def faster(self) -> bool:
+        return self.factor is not None and self.factor >= MARGIN and 2 * self.faster_rounds > self.rounds
+
+    def gain(self, compute_share: float, compute_s: float) -> float | None:
+        """The whole step's gain (Amdahl) when the replayed part of its compute runs `factor` times faster: the
+        replay covers `base_s` of the step's `compute_s` of compute, which is `compute_share` of the step."""
+        if self.factor is None or self.base_s is None or compute_s <= 0:
+            return None
+        part = compute_share * min(1.0, self.base_s / compute_s)
+        return 1.0 / (1.0 - part + part / self.factor)
+
+    def spread(self) -> str:
+        return f"{self.low:.2f}-{self.high:.2f}x over {self.rounds} rounds" if self.low is not None else ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "setting": self.setting, "factor": self.factor, "low": self.low, "high": self.high,
+                "rounds": self.rounds, "faster_rounds": self.faster_rounds, "base_s": self.base_s,
+                "reason": self.reason, "applies": self.applies}
+
+
+@dataclass
+class Trials:
+    """What the probe measured, and what it could not."""
+
+    trials: dict[str, Trial] = field(default_factory=dict)
+    model: str | None = None  # the model replayed (its class)
+    seconds: float = 0.0  # the probe's own time
+    reason: str | None = None  # why no replay at all
+
+    def get(self, key: str) -> Trial | None:
+        """The trial of "amp", "channels_last" or "threads:N"."""
+        return self.trials.get(key)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "seconds": self.seconds, "reason": self.reason,
+                "covers": "one forward and backward of the model on its last training input (the gradient of the "
+                          "outputs' mean stands in for the loss; the optimizer step is not in it)",
+                "trials": [t.to_json() for t in self.trials.values()]}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: str
+    setting: str
+    value: Any
+    # a context for the candidate's calls, and a function giving its (model, args, kwargs) from the base's
+    context: Callable[[], contextlib.AbstractContextManager[Any]]
+    prepare: Callable[[Part], Part] | None = None
+
+    @property
+    def key(self) -> str:
+        return f"threads:{self.value}" if self.id == "threads" else self.id
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The model inside a wrapper that a copy cannot or should not take: DistributedDataParallel's and
+    DataParallel's `.module` (a process group is not copyable), torch.compile's `_orig_mod` (a copy would compile
+    again), Fabric's `_forward_module`."""
+    for _ in range(4):
+        inner = next((getattr(module, name) for name in ("_orig_mod", "_forward_module", "module")
+                      if isinstance(getattr(module, name, None), nn.Module)), None)
+        if inner is None:
+            return module
+        module = inner
+    return module
+
+
+def _outputs_mean(out: Any) -> torch.Tensor | None:
+    leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad]
+    if not leaves:
+        return None
+    return torch.stack([t.float().mean() for t in leaves]).sum()
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+Part = tuple[nn.Module, Any]  # a model and its inputs, (args, kwargs)
+
+
+class _Replay:
+    """forward + backward of each model on its inputs, timed; gradients dropped after each call."""
+
+    def __init__(self, parts: list[Part], device: torch.device,
+                 context: Callable[[], contextlib.AbstractContextManager[Any]]) -> None:
+        self.parts, self.device, self.context = parts, device, context
+        self.params = [p for model, _ in parts for p in model.parameters() if p.requires_grad]
+
+    def __call__(self) -> float:
+        _synchronize(self.device)
+        started = time.perf_counter()
+        for model, (args, kwargs) in self.parts:
+            with self.context():
+                loss = _outputs_mean(model(*args, **kwargs))
+            if loss is None:
+                raise _CannotReplay(f"{type(model).__name__}'s output has no floating tensor that requires a "
+                                    "gradient")
+            loss.backward()
+        _synchronize(self.device)
+        elapsed = time.perf_counter() - started
+        for p in self.params:
+            p.grad = None
+        return elapsed
+
+
+class _CannotReplay(Exception):
+    pass
+
+
+def _channels_last(part: Part) -> Part:
+    model, inputs = part
+    model = copy.deepcopy(model).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    return model, tree_map(lambda t: t.contiguous(memory_format=torch.channels_last)
+                           if isinstance(t, torch.Tensor) and t.dim() == 4 else t, inputs)
+
+
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def candidates(*, device: torch.device, autocast: tuple[tuple[str, str], ...], parameter_dtypes: set[str],
+               bf16_native: bool, nchw_convs: int, threads: int, thread_counts: tuple[int, ...]
+               ) -> tuple[list[Candidate], dict[str, Trial]]:
+    """The candidates worth timing for this run, and the trials that cannot apply (with why)."""
+    tried: list[Candidate] = []
+    skipped: dict[str, Trial] = {}
+    if autocast:
+        pass  # the script chose its precision: nothing to add (the bf16 rule reads its scaler instead)
+    elif parameter_dtypes and parameter_dtypes != {"float32"}:
+        skipped["amp"] = Trial("amp", "mixed precision", applies=False, reason=f"the model's parameters are "
+                               f"{', '.join(sorted(parameter_dtypes))}: autocast changes only float32 work")
+    elif device.type == "cuda" or (device.type == "cpu" and bf16_native):
+        dtype = torch.bfloat16 if bf16_native else torch.float16
+        name = str(dtype).replace("torch.", "")
+        tried.append(Candidate("amp", f"{name} autocast", name,
+                               lambda: torch.autocast(device.type, dtype=dtype)))
+    elif device.type == "cpu":
+        skipped["amp"] = Trial("amp", "mixed precision", applies=False,
+                               reason="this CPU has no native bf16 (AMX, AVX512-BF16): emulated bf16 is slower than "
+                                      "fp32")
+    base_context = _script_autocast(device, autocast)
+    if nchw_convs:
+        tried.append(Candidate("channels_last", "channels_last", True, base_context, _channels_last))
+    if device.type == "cpu":
+        for n in thread_counts:
+            if n != threads and n >= 1:
+                tried.append(Candidate("threads", f"{n} intra-op thread(s)", n, _with_threads(n, base_context)))
+    return tried, skipped
+
+
+def _with_threads(n: int, base: Callable[[], contextlib.AbstractContextManager[Any]]
+                  ) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    @contextlib.contextmanager
+    def context() -> Iterator[None]:
+        with _threads(n), base():
+            yield
+    return context
+
+
+def _script_autocast(device: torch.device, autocast: tuple[tuple[str, str], ...]
+                     ) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    """The autocast the script trains under (its base): the replay must run in the script's precision."""
+    for kind, dtype in autocast:
+        if kind == device.type:
+            return lambda: torch.autocast(device.type, dtype=getattr(torch, dtype))
+    return contextlib.nullcontext
+
+
+def _detached(inputs: Any) -> Any:
+    return tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, inputs)
+
+
+def run_trials(calls: list[tuple[nn.Module, Any]], tried: list[Candidate], *,
+               base_autocast: tuple[tuple[str, str], ...], budget_s: float,
+               clock: Callable[[], float] = time.perf_counter) -> Trials:
+    """Copy each model of `calls` ((model, (args, kwargs)) of its last training forward), then time each candidate
+    against the base within `budget_s` (module doc)."""
+    started = clock()
+    models: dict[int, Part] = {}
+    for module, inputs in calls:  # a model reached through two wrappers is one
+        model = unwrap(module)
+        models[id(model)] = (model, inputs)
+    out = Trials(model=", ".join(type(m).__name__ for m, _ in models.values()))
+    params = [p for m, _ in models.values() for p in m.parameters()]
+    if not params:
+        out.reason = "the model has no parameters"
+        return out
+    device = params[0].device
+    parts: list[Part] = []
+    for model, inputs in models.values():
+        try:
+            twin = copy.deepcopy(model)
+        except Exception as e:  # a module holding something a copy cannot take (a file, a lock, a process group)
+            out.reason = f"{type(model).__name__} could not be copied ({type(e).__name__}: {e})"
+            return out
+        twin.train(model.training)
+        parts.append((twin, _detached(inputs)))
+    base = _Replay(parts, device, _script_autocast(device, base_autocast))
+    try:
+        base_s = statistics.median(base() for _ in range(WARMUP_CALLS + 1))
+        for candidate in tried:
+            left = budget_s - (clock() - started)
+            out.trials[candidate.key] = _trial(candidate, base, base_s, left)
+    except _CannotReplay as e:
+        out.reason = str(e)
+    except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # an OOM, an op without a kernel for the candidate
+        out.reason = f"the replay failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+    out.seconds = clock() - started
+    return out
+
+
+def _trial(candidate: Candidate, base: _Replay, base_s: float, budget_s: float) -> Trial:
+    # the candidate's own copies of the models, when it changes them (channels_last)
+    parts = [candidate.prepare(part) for part in base.parts] if candidate.prepare is not None else base.parts
+    cand = _Replay(parts, base.device, candidate.context)
+    try:
+        first = [cand() for _ in range(WARMUP_CALLS)]
+    except RuntimeError as e:
+        return Trial(candidate.id, candidate.setting, reason=f"it failed on this model ({str(e).splitlines()[0]})",
+                     value=candidate.value)
+    per_round = base_s + min(first)
+    rounds = min(ROUNDS, int(max(0.0, budget_s - sum(first)) / per_round)) if per_round > 0 else ROUNDS
+    if rounds < MIN_ROUNDS:
+        return Trial(candidate.id, candidate.setting, value=candidate.value,
+                     reason=f"{MIN_ROUNDS} rounds of a {per_round * 1e3:.0f} ms replay pair did not fit the "
+                            f"{max(0.0, budget_s):.1f} s left of the doctor's budget")
+    ratios, bases = [], []
+    for _ in range(rounds):
+        b = base()
+        ratios.append(b / cand())
+        bases.append(b)
+    return Trial(candidate.id, candidate.setting, factor=statistics.median(ratios), low=min(ratios), high=max(ratios),
+                 rounds=rounds, faster_rounds=sum(r > 1 for r in ratios), base_s=statistics.median(bases),
+                 value=candidate.value)

@@ -1,0 +1,55 @@
+"""`torchrun --nproc-per-node 2 -m trainfast doctor` on a DDP job whose rank 1 gets each batch ~60 ms late: one report
+for the job (rank 0's), naming rank 1 as the straggler. Alone, rank 0's figures read compute-bound (it waits for rank
+1 inside backward, in DDP's all-reduce) and rank 1's input-bound."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from trainfast.diagnose.html import render_html
+
+SCRIPT = Path(__file__).parent / "scripts" / "ddp_straggler.py"
+DELAY_S = 0.06
+LIMIT_S = 120  # start-up (two interpreters importing torch, the rendezvous) takes 5-10 s here, the steps ~1 s
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(LIMIT_S + 30)]
+
+
+def test_one_report_for_the_job_names_the_straggler(
+        tmp_path: Path, torchrun: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    out = tmp_path / "out.json"
+    done = torchrun("-m", "trainfast", "doctor", "--json", str(out), "--steps", "10", "--warmup", "2", str(SCRIPT),
+                    "--", "--delay", str(DELAY_S), timeout=LIMIT_S)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-6000:]
+    assert done.stdout.count("verdict:") == 1, output[-6000:]  # one report: rank 0's
+    assert done.stdout.count("JSON report:") == 1
+    assert "trainfast doctor: rank 1 of 2 measured (stopped after 10 measured steps" in done.stdout
+    assert "rank 0 prints the job's report" in done.stdout
+    assert "samples/s over 2 ranks" in done.stdout
+    assert "straggler: rank 1" in done.stdout
+
+    report = json.loads(out.read_text())
+    assert report["world_size"] == 2 and report["rank"] == 0
+    first, second = report["ranks"]
+    assert [first["rank"], second["rank"]] == [0, 1]
+    assert report["samples_per_s"] == pytest.approx(first["samples_per_s"] + second["samples_per_s"])
+    assert first["verdict"] == "compute-bound" and second["verdict"] == "input-bound"  # each rank alone
+    straggler = report["straggler"]
+    assert straggler["rank"] == 1 and straggler["phase"] == "input"
+    assert 0.8 * DELAY_S < straggler["seconds_per_step"] < 3 * DELAY_S
+    assert straggler["share"] > 0.5
+    assert first["waiting_for_ranks"] > 0.5 and first["waiting_for_ranks_s"] > 0.7 * DELAY_S
+    assert second["waiting_for_ranks"] == 0
+    assert report["verdict"] == "input-bound" and "rank 1" in report["verdict_reason"]
+    assert "holds the job back" in report["verdict_reason"]
+    assert report["fractions"] == second["fractions"]  # the verdict's figures: the straggler's
+    contention = report["contention"]
+    if contention is not None and contention.get("sibling_cores_busy_mean"):  # rank 1 is not another process
+        assert not any(note.startswith("other processes kept") for note in report["notes"])
+    html = render_html(report)
+    assert "Ranks" in html and "straggler" in html
