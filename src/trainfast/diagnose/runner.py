@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from trainfast.diagnose.instrument import Instrumentation, Observations
+from trainfast.diagnose.ranks import job_report
 from trainfast.diagnose.report import Report, build_report, gain_probe
 from trainfast.diagnose.timeline import MEASURE, StopMeasuring, Timeline
 from trainfast.envcheck.environment import environment, preflight
@@ -306,9 +307,23 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
             timeline.finish()
             timeline.agreement = None  # (its store connection goes with it)
             script_benchmark = measured_benchmark[0] if measured_benchmark else torch.backends.cudnn.benchmark
-            if not distributed_before:
-                _end_process_group()
         gc.collect()  # the unwound script's loaders (and their worker processes) go now, not at exit
+    try:
+        return _report(timeline, inst, monitor, checks=checks, target=target, module=module, args=args,
+                       outcome=outcome, exit_code=exit_code, error=error, oom=oom, steps=steps,
+                       script_benchmark=script_benchmark, agreement=agreement)
+    finally:
+        # After the job's report: without torchrun's agent, rank 0's process group hosts the store the ranks
+        # send their figures through
+        if not distributed_before:
+            _end_process_group()
+
+
+def _report(timeline: Timeline, inst: Instrumentation, monitor: Monitor, *, checks: list[dict[str, Any]],
+            target: str, module: bool, args: list[str] | None, outcome: str, exit_code: int, error: str | None,
+            oom: dict[str, Any] | None, steps: int, script_benchmark: bool,
+            agreement: StoreStop | None) -> DoctorRun:
+    """The run's report; under torchrun, rank 0's is the job's (ranks.py), the others send theirs."""
     env = environment()
     env["checks"] = [*env.get("checks", []), *checks]
     script = {"target": f"-m {target}" if module else target, "args": list(args or []), "outcome": outcome,
@@ -324,9 +339,6 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
     world_size = launched_ranks()
     if world_size < 2:
         return DoctorRun(report=report, exit_code=exit_code, error=error)
-    from trainfast.diagnose.ranks import job_report
-
-    # every rank measured; rank 0 gathers their figures into the job's one report, the others send theirs
     report, published = job_report(report, agreement, world_size=world_size, exit_code=exit_code)
     return DoctorRun(report=report, exit_code=exit_code, error=error, rank=report.rank, world_size=world_size,
                      published=published)
