@@ -160,10 +160,10 @@ def _evidence(timeline: Timeline, instrumentation: Instrumentation, records: lis
         jpeg_decoded_pixels=decoded,
         wait_spike_ratio=percentile(waits, 95) / mean_wait if mean_wait > 0 else None,
         worker_private_growth_per_min=_worker_private_growth(monitor, timeline.measure_started_monotonic),
-        loader_headroom=loader_headroom, thread_probe=_thread_probe(instrumentation.trials),
+        loader_headroom=loader_headroom, thread_probe=_thread_probe(instrumentation.observed.trials),
         input_source=timeline.input_source,
         compute_s=statistics.median(r.compute_s for r in records) if records else 0.0,
-        trials=instrumentation.trials, parameter_dtypes=frozenset(observed.parameter_dtypes), cycle=timeline.cycle)
+        trials=observed.trials, parameter_dtypes=frozenset(observed.parameter_dtypes), cycle=timeline.cycle)
 
 
 def _device(observed: Observations) -> str:
@@ -203,24 +203,24 @@ def gain_probe(timeline: Timeline, instrumentation: Instrumentation) -> Callable
     as the script runs it. Not for a compiled model: it would recompile under the counting mode. Every rank of a
     job decides alike (on whether the model is compiled, not on a timing), so all take the same steps."""
     def on_phase_end(phase: str) -> None:
-        if phase == FLOPS_PHASE and instrumentation.flop_counter is not None:
-            instrumentation.flops_per_step = instrumentation.flop_counter.stop()
-            instrumentation.flop_counter = None
+        if phase == FLOPS_PHASE and instrumentation.observed.flop_counter is not None:
+            instrumentation.observed.flops_per_step = instrumentation.observed.flop_counter.stop()
+            instrumentation.observed.flop_counter = None
             return
-        if phase != MEASURE or instrumentation.trials is not None:
+        if phase != MEASURE or instrumentation.observed.trials is not None:
             return
         _time_candidates()
         if instrumentation.observed.compiled_model or instrumentation.observed.dynamo_at_end.get("frames", 0) > \
                 instrumentation.observed.dynamo_at_start.get("frames", 0):
-            instrumentation.flops_reason = "the model is compiled: counting would make torch.compile recompile"
+            instrumentation.observed.flops_reason = "the model is compiled: counting would make torch.compile recompile"
             return
         timeline.add_phase(FLOPS_PHASE, warmup=0, steps=1)
-        instrumentation.flop_counter = FlopCounter().start()
+        instrumentation.observed.flop_counter = FlopCounter().start()
 
     def _time_candidates() -> None:
         calls = list(instrumentation.last_calls.values())
         if not calls:
-            instrumentation.trials = Trials(reason="no training forward of a model was seen")
+            instrumentation.observed.trials = Trials(reason="no training forward of a model was seen")
             return
         started = time.perf_counter()
         left = MAX_PROBE_S if timeline.deadline is None else max(0.0, timeline.deadline - started)
@@ -243,7 +243,7 @@ def gain_probe(timeline: Timeline, instrumentation: Instrumentation) -> Callable
             instrumentation.paused = False
             timeline.pause(time.perf_counter() - started)
         trials.trials = skipped | trials.trials
-        instrumentation.trials = trials
+        instrumentation.observed.trials = trials
     return on_phase_end
 
 
@@ -344,9 +344,9 @@ def _compute(instrumentation: Instrumentation, records: list[StepRecord]) -> dic
     run's precision and thread count (a datasheet's dense figure for a known GPU, else measured: flops.py)."""
     if not records:
         return None
-    flops = instrumentation.flops_per_step
+    flops = instrumentation.observed.flops_per_step
     if flops is None:
-        return {"flops_per_step": None, "reason": instrumentation.flops_reason or "no step was counted"}
+        return {"flops_per_step": None, "reason": instrumentation.observed.flops_reason or "no step was counted"}
     observed = instrumentation.observed
     kind = _device(observed)
     device = torch.device(kind) if observed.device_index is None else torch.device(kind, observed.device_index)

@@ -162,17 +162,17 @@ class _Phase:
     window_start: float | None = None
     window_end: float = 0.0
     window_samples: int = 0
+    # all its steps are in (a field, kept by `settle`, not a property: it is read several times a step)
+    done: bool = False
 
-    @property
-    def done(self) -> bool:
-        if self.closed:
-            return True
-        return self.steps is not None and len(self.rows) >= self.steps and not self.cyclic
+    def settle(self) -> None:
+        self.done = self.closed or (self.steps is not None and len(self.rows) >= self.steps and not self.cyclic)
 
     def reset(self) -> None:
         self.rows.clear()
         self.copies.clear()
         self.seen, self.window_start, self.window_end, self.window_samples = 0, None, 0.0, 0
+        self.settle()
 
 
 class Timeline:
@@ -278,8 +278,9 @@ class Timeline:
 
     def optimizer_step_begins(self) -> None:
         """An optimizer's step() begins: backwards until it ends are a closure's (LBFGS evaluates it up to 20
-        times per step), one step however many."""
-        self._in_optimizer = self.signal != "explicit"
+        times per step), one step however many. (The instrumentation's hook sets `_in_optimizer` itself: a call
+        less per step.)"""
+        self._in_optimizer = True
 
     def optimizer_step(self, optimizer: object) -> None:
         self.optimizer_steps += 1
@@ -417,12 +418,14 @@ class Timeline:
         if phase is None or phase.closed:
             return False
         phase.seen += 1
-        collection = self._unusual(step.collect_forwards, self._collect_counts)
+        collection = step.collect_forwards >= EVALUATION_FORWARDS and self._unusual(step.collect_forwards,
+                                                                                      self._collect_counts)
         if collection and phase.name == MEASURE and not phase.cyclic:
             phase.cyclic = True
             if phase.window_start is not None:  # the first cycle is found mid-window: the window starts at it
                 phase.reset()
                 phase.seen = phase.warmup + 1
+            phase.settle()
         if phase.seen <= phase.warmup:
             return False
         if phase.cyclic:
@@ -431,6 +434,7 @@ class Timeline:
             if phase.steps is not None and len(phase.rows) >= phase.steps and (
                     collection or len(phase.rows) >= MAX_CYCLE_STEPS * phase.steps):
                 phase.closed = True  # the window ends where the next cycle starts
+                phase.settle()
                 return False
         first_input = step.first_ask if step.first_ask is not None else _earliest(step.first_forward,
                                                                                   step.first_no_grad)
@@ -444,7 +448,8 @@ class Timeline:
                 self.measure_started_monotonic = start + self._to_monotonic
         phase.window_end = step.end
         phase.window_samples += samples
-        if step.evaluated or self._unusual(step.evaluation_forwards, self._no_grad_counts):
+        if step.evaluated or (step.evaluation_forwards >= EVALUATION_FORWARDS
+                              and self._unusual(step.evaluation_forwards, self._no_grad_counts)):
             self.evaluation_steps += 1
             return False
         gap = max(0.0, first_input - start - step.gap_sync_wait - step.gap_transfer) if first_input is not None else 0.0
@@ -459,6 +464,7 @@ class Timeline:
             phase.copies[len(phase.rows)] = step.copies
         phase.rows.append((step.end - self.started, step.end - start, wait, step.transfer, host, samples, step.syncs,
                            collect))
+        phase.settle()
         if phase.name == MEASURE:
             self.measure_ended_monotonic = step.end + self._to_monotonic
         return True
@@ -466,9 +472,8 @@ class Timeline:
     @staticmethod
     def _unusual(no_grad_forwards: int, history: collections.deque[int]) -> bool:
         """A step's no-grad forwards before its input make a phase of their own (evaluation or collection:
-        module doc) when there are `EVALUATION_FORWARDS` more than twice what recent steps usually have."""
-        if no_grad_forwards < EVALUATION_FORWARDS:  # most steps: no median to take (it costs ~1.3 us)
-            return False
+        module doc) when there are `EVALUATION_FORWARDS` more than twice what recent steps usually have. (Callers
+        skip it below EVALUATION_FORWARDS: most steps have no median to take, which costs ~1.3 us.)"""
         usual = statistics.median_low(history) if history else 0
         return no_grad_forwards >= EVALUATION_FORWARDS + 2 * usual
 
