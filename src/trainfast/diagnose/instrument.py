@@ -192,7 +192,7 @@ class Instrumentation:
         self._entry_patches: list[Callable[[], None]] = []  # the undo of each class watched for entries only
         self._in_entry = False
         self.paused = False  # the doctor's own work (probe.py): the hooks pass it through
-        # each root's last training call: (module, (args, kwargs)), the replay's input (probe.py)
+        # each root's first training call: (module, (args, kwargs)), the replay's input (probe.py)
         self.last_calls: dict[int, tuple[nn.Module, tuple[tuple[Any, ...], dict[str, Any]]]] = {}
 
     # ---- patch bookkeeping
@@ -453,7 +453,8 @@ class Instrumentation:
         if not torch.is_grad_enabled():  # an evaluation pass, or a collection phase (timeline.py)
             timeline.evaluation_forward(perf_counter(), module.training)
             return
-        self.last_calls[id(module)] = (module, (args, kwargs))
+        if id(module) not in self.last_calls:  # (a lookup, not a store, per forward: ~0.1 us less per step)
+            self.last_calls[id(module)] = (module, (args, kwargs))
         if not self.device_timer.settled:
             self._saw_model(module)
         if timeline.loader_fed:  # batches come from a loader: its fetches start iterations and count samples

@@ -1,8 +1,8 @@
-"""Measured gains: each candidate fix timed on the script's own model and its own last training input.
+"""Measured gains: each candidate fix timed on the script's own model and its own training input.
 
 When the measured steps end (a hook, while the script is alive), each model the script trains is copied (its state
 must not change: a forward in training mode moves BatchNorm's statistics, a backward fills gradients) and its
-forward + backward on its last training input (detached: a GAN's discriminator last saw the generator's output),
+forward + backward on its first training input (detached: a GAN's discriminator saw the generator's output),
 with the gradient of the outputs' mean as a stand-in for the script's loss, is timed, all models in turn, as they
 ran ("base") and with each candidate: bf16/fp16 autocast, channels_last, another intra-op
 thread count. Base and candidate alternate, `ROUNDS` times after a warm-up each (oneDNN builds its bf16 and NHWC
@@ -98,7 +98,7 @@ class Trials:
 
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "seconds": self.seconds, "reason": self.reason,
-                "covers": "one forward and backward of the model on its last training input (the gradient of the "
+                "covers": "one forward and backward of each model on its first training input (the gradient of the "
                           "outputs' mean stands in for the loss; the optimizer step is not in it)",
                 "trials": [t.to_json() for t in self.trials.values()]}
 

@@ -198,10 +198,10 @@ FLOPS_PHASE = "flops"
 
 def gain_probe(timeline: Timeline, instrumentation: Instrumentation) -> Callable[[str], None]:
     """A `Timeline.on_phase_end`: when the measured steps end, time the candidate fixes on the script's own model
-    and last input (probe.py), within `BUDGET_SHARE` of the budget left (the timeline's deadline) and `MAX_PROBE_S`
-    (the time is the doctor's, not the script's: `Timeline.pause`); then count the FLOPs of the next step, whole,
-    as the script runs it. Not for a compiled model: it would recompile under the counting mode. Every rank of a
-    job decides alike (on whether the model is compiled, not on a timing), so all take the same steps."""
+    and first training input (probe.py), within `BUDGET_SHARE` of the budget left (the timeline's deadline) and
+    `MAX_PROBE_S` (the time is the doctor's, not the script's: `Timeline.pause`); then count the FLOPs of the next
+    step, whole, as the script runs it. Not for a compiled model: it would recompile under the counting mode. Every
+    rank of a job decides alike (on whether the model is compiled, not on a timing), so all take the same steps."""
     def on_phase_end(phase: str) -> None:
         if phase == FLOPS_PHASE and instrumentation.observed.flop_counter is not None:
             instrumentation.observed.flops_per_step = instrumentation.observed.flop_counter.stop()

@@ -14,7 +14,7 @@ step's tensors are still alive) and what to change (trainfast/oom.py, as the Tra
 
 When the measured steps end, the candidate fixes (mixed precision, channels_last, another intra-op thread count:
 on 2 CPUs a compute-heavy step can take 1.8x as long on one thread, which turns "more workers" into a slowdown) are
-timed on a copy of the script's model and its last input (probe.py), within half the budget left; the report
+timed on a copy of the script's model and its first training input (probe.py), within half the budget left; the report
 ranks them by those figures.
 
 Under torchrun (2+ ranks, each running the doctor) no rank stops on its own clock: one that stopped alone would
