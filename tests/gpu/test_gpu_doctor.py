@@ -52,6 +52,15 @@ def test_large_matmuls_on_gpu_inputs_are_compute_bound(doctor: Doctor) -> None:
     report = doctor("compute_bound.py", warmup=8, steps=25)
     check_measured(report)
     assert report["verdict"] == "compute-bound", report["_explain"]
+    # how far from the peak: a whole step's FLOPs against the datasheet's dense figure (or, for a GPU the table
+    # lacks, a measured matmul peak), never an MFU over 1
+    compute = report["compute"]
+    assert compute["flops_per_step"] and compute["flops_per_step"] > 0, compute
+    assert compute["peak_source"].startswith(("table:", "measured:")), compute
+    assert (compute["mfu"] is not None and 0 < compute["mfu"] <= 1) or compute["mfu_error"], compute
+    # mixed precision was timed on the model itself, not assumed
+    amp = [r for r in report["recommendations"] if r["id"] == "amp"]
+    assert all(r["gain_basis"] == "measured" for r in amp), amp
 
 
 def transfer_s_per_step(report: dict[str, Any]) -> float:

@@ -287,7 +287,7 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
                        intervals=intervals, loader_fed=timeline.input_source != "script") if records else None
     compute = _compute(instrumentation, records)
     if verdict is not None:
-        verdict = _with_peak(verdict, compute)
+        verdict = _with_peak(verdict, compute, device)
         evidence = replace(evidence, verdict=verdict.name)
     if timeline.evaluation_steps:
         how = ("batches fetched with gradients off" if timeline.loader_fed else
@@ -361,7 +361,7 @@ def _compute(instrumentation: Instrumentation, records: list[StepRecord]) -> dic
     return utilisation(flops, step_s, peak).to_json() | {"covers": COUNTED, "reason": None}
 
 
-def _with_peak(verdict: Verdict, compute: dict[str, Any] | None) -> Verdict:
+def _with_peak(verdict: Verdict, compute: dict[str, Any] | None, device: str = "cuda") -> Verdict:
     """A compute-bound verdict says how far from the peak the compute runs, which decides the fix."""
     mfu = compute.get("mfu") if compute else None
     if verdict.name != "compute-bound" or mfu is None or compute is None:
@@ -372,8 +372,9 @@ def _with_peak(verdict: Verdict, compute: dict[str, Any] | None) -> Verdict:
         advice = ("near the hardware's limit at this precision: only less work (a smaller model, fewer FLOPs per "
                   "sample) or a faster precision helps")
     elif mfu < FAR_BELOW_PEAK:
+        graphs = ", CUDA graphs" if device == "cuda" else ""
         advice = ("far below the peak: small kernels, launch overhead, layout or precision hold it back "
-                  "(torch.compile, a larger batch, mixed precision, CUDA graphs)")
+                  f"(torch.compile, a larger batch, mixed precision{graphs})")
     else:
         advice = "between the two: both more efficient kernels and less work can help"
     return Verdict(verdict.name, f"{verdict.reason}; {where}: {advice}")

@@ -8,6 +8,8 @@ What is a step. One training iteration, found from what the script does (hooks i
 - "backward": when no optimizer ever steps (manual SGD, `p.data.add_(p.grad, ...)`): each iteration's
   backward passes end it, and the parameter update and logging after them belong to it.
 - "explicit": the caller ends steps itself (`diagnose(loader, step_fn)`).
+Backwards inside an `optimizer.step(closure)` (LBFGS evaluates the closure up to 20 times per step) belong to that
+step: they end nothing, whatever the signal.
 An iteration starts with a training batch from a timed loader, or, when no loader feeds training, with the
 model's first forward. The first step starts at its first input: the script's start-up before it (imports,
 building the data and the model) belongs to no step. A step is closed only when the next one starts, so a
@@ -28,6 +30,13 @@ The parts of a step:
 A step during which a batch was fetched with gradients off (a validation pass between two steps), or, without a
 loader, the model was called three or more times with gradients off before its first training forward, is
 left out and counted in `evaluation_steps`. The hooks only add floats (~1 us); nothing synchronises the device.
+
+Collection phases. A step whose update is preceded by many no-grad forwards of a model in training mode (an RL
+rollout: action choices between environment steps; a GAN's sampling) is kept, and the time from its start to the
+update's input is booked as collection, its own share, not data wait or host. Once such a step is seen, the measured
+window spans whole cycles: it starts at a collection step and ends just before the first one after its steps are
+in (or at `MAX_CYCLE_STEPS` times the steps asked for). samples/s is the samples of every step in the window (those
+left out of the split too) over its wall time.
 
 Phases: the steps after the warm-up are measured in the "measure" phase; a caller may add phases (the
 runner measures a few steps at another thread count) from `on_phase_end`.
