@@ -76,6 +76,11 @@ def _busy_percent(before: Any, after: Any) -> float:
     return min(100.0, max(0.0, 100.0 * busy / total)) if total > 0 else 0.0
 
 
+# Descendants that serve the process rather than load its data: in a command line, they are not workers
+HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "multiprocessing.semaphore_tracker",
+           "torch._inductor.compile_worker")
+
+
 class PsutilSource:
     """System CPU and RAM, this process, and its descendant processes (DataLoader workers) through psutil.
 
@@ -84,15 +89,16 @@ class PsutilSource:
     `proc.rss_bytes`, and over the descendants `workers.count`, `workers.cpu_percent` (sum),
     `workers.rss_bytes` (sum), `workers.max_rss_bytes`, `workers.private_bytes` (sum) and `workers.started`.
 
-    Percentages are over the time since the previous sample (the first covers the time since
-    construction). Descendants include multiprocessing's helpers (forkserver, resource tracker) where the
-    start method uses them; forked workers share pages with the parent and RSS counts those in each, so
-    `workers.rss_bytes` overstates the memory really used. Nor does its growth tell copy-on-read: a forked
-    worker's RSS starts with every page it inherited, so copying one (a write, or a Python object's refcount
-    touched) swaps a shared page for a private one and leaves RSS as it was, while workers restarted between two
-    samples (non-persistent workers, at each epoch) start at the parent's RSS of that moment with no change in
-    `workers.count`. `workers.private_bytes` is what those copies grow: the memory that only the workers map,
-    shared memory (batches in flight through /dev/shm) left out. It is read on Linux only, and not at every
+    Percentages are over the time since the previous sample (the first covers the time since construction).
+    Descendants that are helpers, not workers, are left out (`HELPERS`: multiprocessing's resource tracker, which
+    lives as long as the process once anything started one, its forkserver, inductor's compile workers); the
+    forkserver's own children, the workers it forks, are counted. Forked workers share pages with the parent and RSS
+    counts those in each, so `workers.rss_bytes` overstates the memory really used. Nor does its growth tell
+    copy-on-read: a forked worker's RSS starts with every page it inherited, so copying one (a write, or a Python
+    object's refcount touched) swaps a shared page for a private one and leaves RSS as it was, while workers
+    restarted between two samples (non-persistent workers, at each epoch) start at the parent's RSS of that moment
+    with no change in `workers.count`. `workers.private_bytes` is what those copies grow: the memory that only the
+    workers map, shared memory (batches in flight through /dev/shm) left out. It is read on Linux only, and not at every
     sample when reading it is slow (see PRIVATE_CPU_SHARE): a sample may lack it. `workers.started` counts the
     descendants seen since construction: when it changes, the workers are not the same ones, even if as many.
     """
@@ -114,6 +120,7 @@ class PsutilSource:
         # psutil.Process objects kept by pid across samples: cpu_percent() measures since the previous call
         # on the same object, so a fresh object per sample would always read 0.0.
         self._children: dict[int, psutil.Process] = {}
+        self._helpers: dict[int, psutil.Process] = {}  # descendants left out (HELPERS), by pid: read once
         self._started = 0
         self._private_due = 0.0  # time.monotonic() from which the next `workers.private_bytes` pass may run
         # Our own CPU-times baseline rather than psutil.cpu_percent(), whose baseline is module-global:
@@ -157,6 +164,8 @@ class PsutilSource:
         alive: dict[int, psutil.Process] = {}
         cpu_sum = rss_sum = rss_max = 0.0
         for child in children:
+            if self._is_helper(child):
+                continue
             known = self._children.get(child.pid)
             # Process equality compares pid and creation time: a recycled pid gets the new, unprimed object.
             proc = known if known is not None and known == child else child
@@ -186,6 +195,21 @@ class PsutilSource:
         if private is not None:
             out["workers.private_bytes"] = private
 
+    def _is_helper(self, child: psutil.Process) -> bool:
+        """A helper process (HELPERS), judged once per process from its command line (~20 us to read)."""
+        if self._helpers.get(child.pid) == child:
+            return True
+        if child.pid in self._children:  # known as a worker already
+            return False
+        try:
+            command = " ".join(child.cmdline())
+        except psutil.Error:
+            return False
+        if any(helper in command for helper in HELPERS):
+            self._helpers[child.pid] = child
+            return True
+        return False
+
     def _workers_private(self, processes: Iterable[psutil.Process]) -> float | None:
         """The processes' summed private memory when a pass is due (see PRIVATE_CPU_SHARE), else None; None too
         when one that is still running cannot be read (a partial sum would read as a drop)."""
@@ -208,6 +232,7 @@ class PsutilSource:
 
     def close(self) -> None:
         self._children.clear()
+        self._helpers.clear()
 
 
 class GpuIdentity(NamedTuple):

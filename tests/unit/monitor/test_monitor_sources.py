@@ -389,3 +389,13 @@ def test_torch_cuda_reads_the_allocator_once_cuda_is_initialised(monkeypatch: py
         "cuda1.allocated_bytes": 200.0, "cuda1.reserved_bytes": 400.0, "cuda1.max_allocated_bytes": 300.0,
     }
     source.close()
+
+
+def test_multiprocessing_helpers_are_not_workers() -> None:
+    """A resource tracker lives as long as the process once anything started one (a spawn loader, shared memory):
+    it is a descendant, not a loader worker, and a later run's worker count must not include it."""
+    import multiprocessing.resource_tracker as tracker
+
+    tracker.ensure_running()
+    source = PsutilSource(per_core=False)
+    assert source.sample()["workers.count"] == 0
