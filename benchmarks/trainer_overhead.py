@@ -56,8 +56,9 @@ def raw_loop(loader: DataLoader[Any], epochs: int) -> float:
 def trainer_fit(loader: DataLoader[Any], epochs: int) -> float:
     torch.manual_seed(0)
     model = nn.Linear(32, 10)
+    # fp32 and NCHW pinned, as the raw loop runs: "auto" would A/B bf16 on a CPU that has it (another step)
     trainer = Trainer(model, config=TrainConfig(epochs=epochs, grad_clip=None, progress=False, log_every=10_000,
-                                                device="cpu"))
+                                                device="cpu", precision="32-true", channels_last=False))
     started = time.perf_counter()
     trainer.fit(loader)
     return time.perf_counter() - started

@@ -3,16 +3,22 @@ variable, a process group or a change to torch's global settings fails."""
 
 from __future__ import annotations
 
+import errno
+import io
 import logging
 import os
+import shutil
+import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import pytest
 import torch
 
+from trainfast import atomic
 from trainfast.data.synthetic import DemoSize, ensure_demo_dataset
 
 # Set by torch itself, once per process, on the first optimizer step or compile: not a leak of ours.
@@ -100,6 +106,117 @@ def demo_cache(_shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """$TRAINFAST_CACHE pointed at a folder shared by the session, so the demo dataset is generated once."""
     monkeypatch.setenv("TRAINFAST_CACHE", str(_shared_cache))
     return _shared_cache
+
+
+# What torch.save raises when the volume fills up under it (torch 2.13): its C++ zip writer reports the short write
+# as a RuntimeError, not an OSError (the first from write_end_of_file on a full tmpfs).
+ZIP_WRITER_FULL = ("[enforce fail at inline_container.cc:672] . unexpected pos 2346560 vs 2346452",
+                   "PytorchStreamWriter failed writing file data/0: file write failed")
+
+
+def no_space() -> OSError:
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def torch_save_full_from(call: int, error: Callable[[], BaseException] = no_space) -> Callable[..., None]:
+    """A `torch.save` whose volume fills up at its `call`-th save to a file (1: the first): part of the zip is written,
+    then `error()` is raised, as torch's writer does. Saves to memory pass through uncounted.
+
+    Plain (not a fixture) so that a test's subprocess can install it too: scripts/train_full_volume.py."""
+    real_save, calls = torch.save, [0]
+
+    def save(obj: object, f: Any, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(f, io.BufferedWriter):
+            return real_save(obj, f, *args, **kwargs)
+        calls[0] += 1
+        if calls[0] < call:
+            return real_save(obj, f, *args, **kwargs)
+        f.write(b"PK\x03\x04" + bytes(4096))
+        raise error()
+    return save
+
+
+def atomic_writes_full_from(call: int, write: Callable[..., Path] = atomic.atomic_write) -> Callable[..., Path]:
+    """`trainfast.atomic.atomic_write` on a volume that fills up at its `call`-th write (1: the first): the
+    temporary file gets part of the data, then ENOSPC (and is removed, as on a real full disk)."""
+    calls = [0]
+
+    def atomic_write(path: str | Path, fill: Callable[[BinaryIO], None]) -> Path:
+        calls[0] += 1
+        if calls[0] < call:
+            return write(path, fill)
+
+        def partial(f: BinaryIO) -> None:
+            f.write(bytes(4096))
+            raise no_space()
+        return write(path, partial)
+    return atomic_write
+
+
+@pytest.fixture(params=ZIP_WRITER_FULL, ids=["unexpected-pos", "file-write-failed"])
+def zip_writer_full(request: pytest.FixtureRequest) -> str:
+    """Each message torch's zip writer raises (as a RuntimeError) on a full volume: the test runs once per message."""
+    return str(request.param)
+
+
+class FullVolume:
+    """Fills the volume up under trainfast's writes, from a given write on (1: the first)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.monkeypatch = monkeypatch
+
+    def torch_save_from(self, call: int, error: Callable[[], BaseException] = no_space) -> None:
+        """`torch.save` (every checkpoint write): see `torch_save_full_from`."""
+        self.monkeypatch.setattr(torch, "save", torch_save_full_from(call, error))
+
+    def atomic_writes_from(self, call: int, module: Any = atomic) -> None:
+        """`atomic_write` as `module` calls it (`trainfast.atomic`: reports, summaries, JSON; a module that imported
+        it by name, such as `trainfast.data.packing` for its shards, is patched on its own)."""
+        self.monkeypatch.setattr(module, "atomic_write", atomic_writes_full_from(call, module.atomic_write))
+
+
+@pytest.fixture
+def full_volume(monkeypatch: pytest.MonkeyPatch) -> FullVolume:
+    return FullVolume(monkeypatch)
+
+
+class Tmpfs:
+    """A folder on a tmpfs of its own: a real volume that fills up."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def resize(self, size: str) -> None:
+        """Make room (or less): `size` as mount takes it, "16m"."""
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(self.path)], check=True, capture_output=True)
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Tmpfs]]:
+    """`mount_tmpfs("2m")`: a `Tmpfs` of that size, unmounted after the test. Skips, saying why, where this process
+    may not mount one (CI runs as root)."""
+    mounted: list[Path] = []
+
+    def mount(size: str) -> Tmpfs:
+        if os.geteuid() != 0:
+            pytest.skip(f"mounting a tmpfs needs root (CI runs as root); this test runs as uid {os.geteuid()}")
+        if shutil.which("mount") is None:
+            pytest.skip("no mount command on this machine")
+        folder = tmp_path / f"tmpfs{len(mounted)}"
+        folder.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:  # a container without CAP_SYS_ADMIN
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or f'mount exited {done.returncode}'}")
+        mounted.append(folder)
+        return Tmpfs(folder)
+
+    try:
+        yield mount
+    finally:
+        for folder in reversed(mounted):
+            if subprocess.run(["umount", str(folder)], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", str(folder)], capture_output=True)  # still busy: detach it
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

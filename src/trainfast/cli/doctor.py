@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from trainfast.atomic import write_json
+from trainfast.atomic import OutputWriteError, json_text, write_output
 from trainfast.cli.flags import positive_int, positive_seconds
 
 if TYPE_CHECKING:
@@ -36,7 +36,8 @@ Under torchrun every rank runs the doctor and all stop at the same step; rank 0 
 (its samples/s summed over the ranks, a row per rank, and the straggler: the rank whose data wait, copies or host
 work the others wait for in the all-reduce) and writes --json/--html; --verify is single-process only.
 Exit code: the script's own when it ends by itself or crashes (the report is printed first), 0 when the
-doctor stops it after the measured steps, 2 for bad arguments. A script that runs out of memory (CUDA or
+doctor stops it after the measured steps, 2 for bad arguments, 1 when --json/--html could not be written (a
+full volume: the report is printed, then why). A script that runs out of memory (CUDA or
 CPU) gets a paragraph saying at which step, what the allocator held and what to change (JSON: "oom").
 """
 
@@ -99,16 +100,26 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     console = Console(stderr=False)
     console.print()  # off the script's last line, which a progress bar may have left open ("\r", no newline)
     render_report(result.report, console)
-    if args.json:
-        write_json(args.json, result.report.to_json())
-        console.print(f"JSON report: {args.json}")
-    if args.html:
-        args.html.parent.mkdir(parents=True, exist_ok=True)
-        args.html.write_text(render_html(result.report.to_json()))
-        console.print(f"HTML report: {args.html}")
+    # A full volume (or a folder that refuses writes) costs the file, not the report printed above: one line, exit 1
+    written = True
+    for path, what in ((args.json, "JSON report"), (args.html, "HTML report")):
+        if path is None:
+            continue
+        payload = result.report.to_json()
+        text = json_text(payload) if what == "JSON report" else render_html(payload)
+        try:  # atomically: never a torn file
+            write_output(path, text, what=f"the {what}", outcome="The report above is complete; only this file is "
+                         "missing")
+        except OutputWriteError as e:
+            if getattr(args, "debug", False):
+                raise
+            print(f"{parser.prog}: error: {e}", file=sys.stderr, flush=True)
+            written = False
+        else:
+            console.print(f"{what}: {path}")
     if result.error:
         print(result.error, file=sys.stderr, end="")
-    return result.exit_code
+    return result.exit_code if written else result.exit_code or 1
 
 
 def _other_rank(result: DoctorRun, args: argparse.Namespace) -> int:

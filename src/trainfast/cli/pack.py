@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 
 from trainfast.cli.flags import positive_int
-from trainfast.data.packing import DEFAULT_MAX_SIZE, pack
+from trainfast.data.packing import DEFAULT_MAX_SIZE, PackWriteError, pack
 from trainfast.trainer.config import ConfigError
 from trainfast.units import format_bytes, to_bytes
 
@@ -19,7 +20,8 @@ EXAMPLES = """examples:
 SRC holds SRC/<class>/<image>, or SRC/train/<class>/<image> and SRC/val/<class>/<image> (packed into DST/train
 and DST/val). DST gets shard-000000.tar, ... (WebDataset layout: <key>.jpg and <key>.cls per sample) and
 index.json. A corrupt source image is logged, left out and listed in index.json. Rerunning the same command
-after an interruption keeps the finished shards and writes the missing ones.
+after an interruption keeps the finished shards and writes the missing ones. A full volume (or a folder that
+refuses writes) ends it with one message and exit 1: the file, the bytes needed and free, the shards kept.
 """
 
 
@@ -58,6 +60,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                       shard_bytes=args.shard_bytes, workers=args.workers, image_size=args.image_size)
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         raise ConfigError(str(e)) from e
+    except PackWriteError as e:  # the work failed, not the input: exit 1, and the shards written are kept
+        if getattr(args, "debug", False):
+            raise
+        print(f"{parser.prog}: error: {e}", file=sys.stderr, flush=True)
+        return 1
     for name, split in (result.splits or {"": result}).items():
         where = f"{split.root}" + (f" ({name})" if name else "")
         print(f"packed {split.samples:,} images into {split.shards} shard(s), {format_bytes(split.bytes)}, at "

@@ -6,9 +6,10 @@ import argparse
 import logging
 import math
 import os
+import sys
 from pathlib import Path
 
-from trainfast.atomic import write_json
+from trainfast.atomic import OutputWriteError, json_text, write_output
 from trainfast.cli.flags import (
     add_config_flags,
     add_on_bad_sample_flag,
@@ -41,8 +42,9 @@ precision / channels_last / compile blocks say what was chosen, with the measure
 samples); the summary and the JSON's skipped_samples count them.
 Errors are one line, 'trainfast train: error: ...' (--debug: the full traceback). Exit codes: 0 done,
 1 training failed (a non-finite loss, out of memory, a corrupt image, a loader failure, or no room to write
-last.pt: the message names the checkpoint to resume from), 2 bad input (a value, the data folder, a dataset
-smaller than one batch, a checkpoint that cannot be resumed), 143 stopped by SIGTERM (checkpoint saved).
+last.pt: the message names the checkpoint to resume from; or to write --json), 2 bad input (a value, the data
+folder, a dataset smaller than one batch, a checkpoint that cannot be resumed), 143 stopped by SIGTERM (checkpoint
+saved).
 """
 
 
@@ -111,5 +113,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if result.checkpoint:
         print(f"checkpoints: {result.checkpoint}" + (f", {result.best_checkpoint}" if result.best_checkpoint else ""))
     if args.json:
-        write_json(args.json, summary)
+        try:  # a full volume costs the summary file, not the run: the checkpoints are written already
+            kept = f" ({result.checkpoint} is intact)" if result.checkpoint else ""
+            write_output(args.json, json_text(summary), what="the JSON summary",
+                         outcome=f"Training finished{kept}; only this file is missing")
+        except OutputWriteError as e:
+            if getattr(args, "debug", False):
+                raise
+            print(f"{parser.prog}: error: {e}", file=sys.stderr, flush=True)
+            return 1
     return 0

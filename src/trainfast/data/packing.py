@@ -17,10 +17,14 @@ encoded size of a few evenly spaced images, and kept in `.pack-plan.json`; a rer
 settings reuses it, keeps every shard already there (each is written under a temporary name, fsynced and
 renamed, so one that exists is complete) and writes only the missing ones. A rerun with other settings or
 another file list refuses to mix them with the old shards.
+
+A write that fails (a full volume, a quota, permissions; see `trainfast.atomic.write_failure`) raises
+`PackWriteError`: the file, the bytes needed and free, the shards kept, and that a rerun finishes the pack.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -30,14 +34,14 @@ import math
 import sys
 import tarfile
 import time
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from PIL import Image
 
-from trainfast.atomic import TEMP_PREFIX, atomic_write, write_json
+from trainfast.atomic import TEMP_PREFIX, atomic_write, describe_write_failure, write_failure, write_json
 from trainfast.data.decode import RESOURCE_ERRNOS
 from trainfast.data.images import list_images
 from trainfast.host import available_cpus
@@ -54,6 +58,11 @@ DEFAULT_MAX_SIZE = 256
 SPLITS = ("train", "val")
 ESTIMATE_SAMPLES = 16  # images encoded up front to estimate the mean encoded size (the shard plan)
 KEY_DIGITS = 9
+
+
+class PackWriteError(RuntimeError):
+    """A shard, the plan or the index could not be written (a full volume, a quota, permissions). The message names
+    the file, the bytes needed and free, and the shards kept: rerunning the same command writes only the rest."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +138,7 @@ def _pack_split(src: Path, dst: Path, settings: dict[str, int], workers: int, pr
     dst.mkdir(parents=True, exist_ok=True)
     for stale in dst.glob(f"{TEMP_PREFIX}shard-*.tmp"):  # left by a run that was killed mid-shard
         stale.unlink(missing_ok=True)
-    per_shard = _plan(src, dst, classes, files, settings)
+    per_shard, mean_bytes = _plan(src, dst, classes, files, settings)
     ranges = [(i, min(i + per_shard, len(files))) for i in range(0, len(files), per_shard)]
     for extra in dst.glob("shard-*.tar"):  # from a pack with more shards: not part of this one
         number = _shard_number(extra.name)
@@ -144,16 +153,36 @@ def _pack_split(src: Path, dst: Path, settings: dict[str, int], workers: int, pr
     jobs = [(str(src), str(dst), n, ranges[n], files[ranges[n][0]:ranges[n][1]], settings) for n in todo]
     done_bytes = sum(r.bytes for r in records.values())
     bar = _Progress(dst, len(ranges), len(records), done_bytes, sum(len(r.keys) for r in records.values()), progress)
+
+    def shard_bytes() -> int:  # one shard's size: the mean of those written, else the plan's estimate
+        written = [r.bytes for r in records.values()]
+        # per sample 2 headers and the .cls (3 tar blocks); then 2 end blocks, padded to a 10 KiB tar record
+        planned = per_shard * (mean_bytes + 3 * tarfile.BLOCKSIZE) + 2 * tarfile.BLOCKSIZE
+        planned = math.ceil(planned / tarfile.RECORDSIZE) * tarfile.RECORDSIZE
+        return round(sum(written) / len(written) if written else planned)
+
+    def kept() -> str:  # once the failed write is over (and the pool has stopped): what is on disk
+        done = sum((dst / SHARD_PATTERN.format(n)).exists() for n in range(len(ranges)))
+        missing = len(ranges) - done
+        bar.close()  # the error message goes on a line of its own
+        return (f"{done} of {len(ranges)} shard(s) in {str(dst)!r} are complete and kept; the {missing} missing "
+                f"need about {format_bytes(missing * shard_bytes())}: rerun the same command once there is room, it "
+                "writes only those")
+
     if workers == 1 or len(jobs) <= 1:
         for job in jobs:
-            record = _write_shard(*job)
+            with _no_room(dst / SHARD_PATTERN.format(job[2]), shard_bytes, kept):
+                record = _write_shard(*job)
             records[record.number] = record
             bar.update(record)
     else:
         with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-            futures = [pool.submit(_write_shard, *job) for job in jobs]
+            futures: dict[Future[ShardRecord], int] = {pool.submit(_write_shard, *job): job[2] for job in jobs}
             for future in as_completed(futures):
-                record = future.result()
+                number = futures[future]
+                with _no_room(dst / SHARD_PATTERN.format(number), shard_bytes, kept,
+                              stop=lambda: pool.shutdown(cancel_futures=True)):  # no more shards into a full volume
+                    record = future.result()
                 records[record.number] = record
                 bar.update(record)
     bar.close()
@@ -164,9 +193,36 @@ def _pack_split(src: Path, dst: Path, settings: dict[str, int], workers: int, pr
     samples = sum(len(r.keys) for r in ordered)
     if samples == 0:
         raise ValueError(f"none of the {len(files)} images under {str(src)!r} could be decoded")
-    write_json(dst / INDEX_NAME, _index(classes, files, ordered, settings, per_shard, skipped))
+    index = _index(classes, files, ordered, settings, per_shard, skipped)
+    with _no_room(dst / INDEX_NAME, lambda: len(json.dumps(index, indent=2)) + 1,
+                  f"All {len(ranges)} shard(s) in {str(dst)!r} are complete and kept: rerun the same command once "
+                  f"there is room, it writes only {INDEX_NAME}"):
+        write_json(dst / INDEX_NAME, index)
     return PackResult(root=dst, samples=samples, shards=len(ranges), shards_written=len(todo),
                       bytes=sum(r.bytes for r in ordered), skipped=skipped, seconds=time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def _no_room(path: Path, needed_bytes: Callable[[], int], outcome: str | Callable[[], str],
+             stop: Callable[[], None] | None = None) -> Iterator[None]:
+    """A failed write of `path` (see `write_failure`) as a `PackWriteError`; `stop` runs first (the other shards'
+    writers), `needed_bytes` and `outcome` after it. Any other exception propagates as it is."""
+    try:
+        yield
+    except Exception as e:
+        failure = write_failure(e)
+        # a process out of files or memory while reading a source image (`_encode` lets those through) is no
+        # failed write: it propagates as it is
+        if failure is None or failure.errno in RESOURCE_ERRNOS:
+            raise
+        if stop is not None:
+            stop()
+        folder = str(path.parent)
+        raise PackWriteError(describe_write_failure(
+            path, needed_bytes(), failure, outcome if isinstance(outcome, str) else outcome(), what="pack file",
+            room_fix=f"free space in {folder!r}, or pack into another folder (a lower --max-size or --quality "
+                     "makes smaller shards)",
+            other_fix=f"make {folder!r} writable, or pack into another folder")) from e
 
 
 def _shard_number(name: str) -> int | None:
@@ -181,15 +237,17 @@ def _files_digest(src: Path, classes: Sequence[str], files: Sequence[tuple[str, 
     return h.hexdigest()
 
 
-def _plan(src: Path, dst: Path, classes: list[str], files: list[tuple[str, int]], settings: dict[str, int]) -> int:
-    """Source files per shard: from `.pack-plan.json` when it matches this source and these settings, else
-    estimated (and written there) from the mean encoded size of a few evenly spaced images."""
+def _plan(src: Path, dst: Path, classes: list[str], files: list[tuple[str, int]],
+          settings: dict[str, int]) -> tuple[int, float]:
+    """Source files per shard and the estimated mean encoded image size: from `.pack-plan.json` when it matches this
+    source and these settings, else estimated (and written there) from the mean encoded size of a few evenly spaced
+    images."""
     digest = _files_digest(src, classes, files)
     plan_path = dst / PLAN_NAME
     if plan_path.exists():
         plan = json.loads(plan_path.read_text())
         if plan.get("settings") == settings and plan.get("files_sha256") == digest:
-            return int(plan["per_shard"])
+            return int(plan["per_shard"]), float(plan.get("estimated_mean_bytes", 0))
         if any(dst.glob("shard-*.tar")):
             raise FileExistsError(
                 f"{str(dst)!r} holds shards packed with other settings or another file list ({plan.get('settings')}, "
@@ -207,9 +265,11 @@ def _plan(src: Path, dst: Path, classes: list[str], files: list[tuple[str, int]]
             continue
     mean = sum(sizes) / len(sizes) if sizes else settings["max_size"] ** 2 / 4
     per_shard = max(1, math.floor(settings["shard_bytes"] / (mean + 3 * tarfile.BLOCKSIZE)))
-    write_json(plan_path, {"version": INDEX_VERSION, "settings": settings, "files": len(files),
-                           "files_sha256": digest, "per_shard": per_shard, "estimated_mean_bytes": round(mean)})
-    return per_shard
+    plan = {"version": INDEX_VERSION, "settings": settings, "files": len(files), "files_sha256": digest,
+            "per_shard": per_shard, "estimated_mean_bytes": round(mean)}
+    with _no_room(plan_path, lambda: len(json.dumps(plan, indent=2)) + 1, "No shard was written"):
+        write_json(plan_path, plan)
+    return per_shard, mean
 
 
 class _Corrupt(Exception):

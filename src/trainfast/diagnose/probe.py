@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -111,6 +112,8 @@ class Candidate:
     # a context for the candidate's calls, and a function giving its (model, args, kwargs) from the base's
     context: Callable[[], contextlib.AbstractContextManager[Any]]
     prepare: Callable[[Part], Part] | None = None
+    # around a whole call, outside its timing: a thread count (set_num_threads is not the step's own time)
+    setup: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
     @property
     def key(self) -> str:
@@ -149,22 +152,24 @@ class _Replay:
     """forward + backward of each model on its inputs, timed; gradients dropped after each call."""
 
     def __init__(self, parts: list[Part], device: torch.device,
-                 context: Callable[[], contextlib.AbstractContextManager[Any]]) -> None:
-        self.parts, self.device, self.context = parts, device, context
+                 context: Callable[[], contextlib.AbstractContextManager[Any]],
+                 setup: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext) -> None:
+        self.parts, self.device, self.context, self.setup = parts, device, context, setup
         self.params = [p for model, _ in parts for p in model.parameters() if p.requires_grad]
 
     def __call__(self) -> float:
-        _synchronize(self.device)
-        started = time.perf_counter()
-        for model, (args, kwargs) in self.parts:
-            with self.context():
-                loss = _outputs_mean(model(*args, **kwargs))
-            if loss is None:
-                raise _CannotReplay(f"{type(model).__name__}'s output has no floating tensor that requires a "
-                                    "gradient")
-            loss.backward()
-        _synchronize(self.device)
-        elapsed = time.perf_counter() - started
+        with self.setup():
+            _synchronize(self.device)
+            started = time.perf_counter()
+            for model, (args, kwargs) in self.parts:
+                with self.context():
+                    loss = _outputs_mean(model(*args, **kwargs))
+                if loss is None:
+                    raise _CannotReplay(f"{type(model).__name__}'s output has no floating tensor that requires a "
+                                        "gradient")
+                loss.backward()
+            _synchronize(self.device)
+            elapsed = time.perf_counter() - started
         for p in self.params:
             p.grad = None
         return elapsed
@@ -217,17 +222,9 @@ def candidates(*, device: torch.device, autocast: tuple[tuple[str, str], ...], p
     if device.type == "cpu":
         for n in thread_counts:
             if n != threads and n >= 1:
-                tried.append(Candidate("threads", f"{n} intra-op thread(s)", n, _with_threads(n, base_context)))
+                tried.append(Candidate("threads", f"{n} intra-op thread(s)", n, base_context,
+                                       setup=functools.partial(_threads, n)))
     return tried, skipped
-
-
-def _with_threads(n: int, base: Callable[[], contextlib.AbstractContextManager[Any]]
-                  ) -> Callable[[], contextlib.AbstractContextManager[Any]]:
-    @contextlib.contextmanager
-    def context() -> Iterator[None]:
-        with _threads(n), base():
-            yield
-    return context
 
 
 def _script_autocast(device: torch.device, autocast: tuple[tuple[str, str], ...]
@@ -285,7 +282,7 @@ def run_trials(calls: list[tuple[nn.Module, Any]], tried: list[Candidate], *,
 def _trial(candidate: Candidate, base: _Replay, base_s: float, budget_s: float) -> Trial:
     # the candidate's own copies of the models, when it changes them (channels_last)
     parts = [candidate.prepare(part) for part in base.parts] if candidate.prepare is not None else base.parts
-    cand = _Replay(parts, base.device, candidate.context)
+    cand = _Replay(parts, base.device, candidate.context, candidate.setup)
     try:
         first = [cand() for _ in range(WARMUP_CALLS)]
     except RuntimeError as e:

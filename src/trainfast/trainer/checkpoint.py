@@ -9,13 +9,13 @@ optimizer's tensors to their parameters' device, and RNG states must be CPU Byte
 one makes `torch.set_rng_state` refuse it).
 
 A write that fails (a full disk, a quota, a read-only folder) raises `CheckpointWriteError`: its message
-names the folder, the bytes needed and free, and the intact checkpoint to resume from.
+names the folder, the bytes needed and free, and the intact checkpoint to resume from. On a full volume torch's
+zip writer raises a RuntimeError, not an OSError; `trainfast.atomic.write_failure` recognises both.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import itertools
 import logging
 import pickle
@@ -29,9 +29,8 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from trainfast.atomic import TEMP_PREFIX, atomic_copy, atomic_write
-from trainfast.envcheck.checks import read_free_bytes
-from trainfast.units import format_bytes
+from trainfast.atomic import TEMP_PREFIX, WriteFailure, atomic_copy, atomic_write, write_failure
+from trainfast.atomic import describe_write_failure as describe_failed_write
 from trainfast.version import __version__
 
 log = logging.getLogger("trainfast")
@@ -116,36 +115,46 @@ def kept_bytes(folder: Path, keep: int) -> int:
     return total
 
 
-def describe_write_failure(path: Path, needed_bytes: int, error: OSError, outcome: str) -> str:
-    """One message for a failed checkpoint write: the file, the error, bytes needed and free, what happens now,
-    and the fixes."""
-    folder = path.parent
-    why = error.strerror or str(error)
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        fix = f"free space in {str(folder)!r}, lower keep_checkpoints, or use another checkpoint_dir (--checkpoint-dir)"
-    else:  # permissions, a read-only or failing volume: room is not the problem
-        fix = f"make {str(folder)!r} writable, or use another checkpoint_dir (--checkpoint-dir)"
-    return (f"could not write checkpoint {str(path)!r}: {why} (errno {error.errno}); {str(folder)!r} has "
-            f"{format_bytes(read_free_bytes(folder))} free, the file needs {format_bytes(needed_bytes)}. {outcome}. "
-            f"Fix: {fix}")
+def describe_write_failure(path: Path, needed_bytes: int, failure: WriteFailure, outcome: str) -> str:
+    """One message for a failed checkpoint write: the file, why, bytes needed and free, what happens now, and
+    the fixes."""
+    folder = str(path.parent)
+    return describe_failed_write(
+        path, needed_bytes, failure, outcome, what="checkpoint",
+        room_fix=f"free space in {folder!r}, lower keep_checkpoints, or use another checkpoint_dir (--checkpoint-dir)",
+        other_fix=f"make {folder!r} writable, or use another checkpoint_dir (--checkpoint-dir)")
+
+
+def _size(path: Path | None) -> int:
+    try:
+        return path.stat().st_size if path is not None else 0
+    except OSError:
+        return 0
 
 
 def save_checkpoint(state: dict[str, Any], path: Path, keep: int) -> Path:
     """Write the resume point `path`, keeping the previous `keep - 1` beside it (`last.1.pt`, ...).
 
-    A write that fails (a full disk, a quota, ...) leaves no temporary file, puts `path` back to the previous
-    checkpoint and raises `CheckpointWriteError` naming it (or saying there is none)."""
+    A write that fails (a full disk, a quota, ...; see `write_failure`) leaves no temporary file, puts `path`
+    back to the previous checkpoint and raises `CheckpointWriteError` naming it (or saying there is none). Any
+    other exception puts `path` back too, and propagates as it is."""
     rotate(path, keep)
     try:
         return atomic_save(state, path)
-    except OSError as e:
+    except BaseException as e:
         with contextlib.suppress(OSError):  # the renames failed too: resume still finds the newest kept file
             unrotate(path, keep)
+        failure = write_failure(e)
+        if failure is None:
+            raise
         previous = resume_point(path, keep)
         outcome = (f"Training stopped; the last intact checkpoint is {str(previous)!r}: resume from it "
                    "(resume=True / --resume) once there is room" if previous is not None else
                    "Training stopped; no checkpoint was written yet, so there is none to resume from")
-        raise CheckpointWriteError(describe_write_failure(path, state_bytes(state), e, outcome)) from e
+        # The new file is about as large as the previous one (same model and optimizer); before the first, the
+        # tensor bytes (within 2% of the file: the rest is metadata).
+        needed = max(state_bytes(state), _size(previous))
+        raise CheckpointWriteError(describe_write_failure(path, needed, failure, outcome)) from e
 
 
 def copy_best(last: Path, best: Path) -> Path | None:
@@ -153,14 +162,14 @@ def copy_best(last: Path, best: Path) -> Path | None:
     warning naming the folder, the bytes and the intact resume point, and returns None."""
     try:
         return atomic_copy(last, best)
-    except OSError as e:
-        try:
-            size = last.stat().st_size
-        except OSError:
-            size = 0
+    except Exception as e:
+        failure = write_failure(e)
+        if failure is None:
+            raise
         kept = "keeps the previous best" if best.is_file() else "was not written"
         log.warning("%s", describe_write_failure(
-            best, size, e, f"Training goes on: {best.name} {kept}, and {str(last)!r} (the resume point) is intact"))
+            best, _size(last), failure,
+            f"Training goes on: {best.name} {kept}, and {str(last)!r} (the resume point) is intact"))
         return None
 
 
