@@ -119,3 +119,26 @@ def test_doctor_reports_on_a_real_full_volume(tmp_path: Path, mount_tmpfs: Calla
     assert "verdict:" in captured.out
     assert_reports_not_written(captured.err, json_path, html_path)
     assert not temporary_files(volume.path)
+
+
+@pytest.mark.parametrize("command", ["demo", "bench"])
+def test_report_files_of_the_other_commands_on_a_full_volume_are_one_message(
+        command: str, tmp_path: Path, full_volume: Any, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`demo --json` / `bench --json` on a full volume: the work is done (faked here: only the file is under test),
+    the file is not written, one message, exit 1. (`tune --json` writes through the same `write_output`.)"""
+    from trainfast.cli import bench, demo
+
+    if command == "demo":
+        monkeypatch.setattr(demo, "run_demo", lambda spec, repeats: {"runs": []})
+        args = ["demo", "--quick", "--json", str(tmp_path / "out.json")]
+    else:
+        monkeypatch.setattr(bench, "run_bench", lambda spec, root, progress, command: {})
+        monkeypatch.setattr(bench, "render", lambda report, console: None)
+        monkeypatch.setattr(bench, "ensure_demo_dataset", lambda name, seed: tmp_path)  # no images to make
+        args = ["bench", "--quick", "--json", str(tmp_path / "out.json")]
+    full_volume.atomic_writes_from(1)
+    assert main(args) == 1
+    [message] = errors(capsys.readouterr().err, command)
+    assert "out.json" in message and "only this file is missing" in message, message
+    assert not (tmp_path / "out.json").exists() and not temporary_files(tmp_path)

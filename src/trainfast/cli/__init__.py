@@ -3,8 +3,9 @@
 `main` is also where trainfast's own expected failures become one line on stderr,
 `trainfast <command>: error: <message>`, instead of a traceback: exit 2 for input that cannot work (a config
 value, a checkpoint to resume from, a dataset smaller than one batch), 1 for a failure during the work (a
-non-finite loss, out of memory, no room for a checkpoint, a corrupt image, a loader failure). Any other exception
-is a bug and keeps its traceback; `--debug` (before or after the command) keeps the traceback of every error.
+non-finite loss, out of memory, no room for a checkpoint or a report file, a corrupt image, a loader failure).
+Any other exception is a bug and keeps its traceback; `--debug` (before or after the command) keeps the traceback
+of every error.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from trainfast.atomic import OutputWriteError
 from trainfast.bench.plot import PlotUnavailableError
 from trainfast.cli import bench, demo, doctor, env, pack, train, tune
 from trainfast.data.decode import CorruptImageError
@@ -39,6 +41,7 @@ EXPECTED: tuple[tuple[type[Exception], int], ...] = (
     (BatchSizeError, FAILED),
     (CorruptImageError, FAILED),
     (LoaderError, FAILED),
+    (OutputWriteError, FAILED),  # a report file on a full volume: the work it reports on is done
 )
 QUIET_HELP = "only warnings and errors on stderr"
 DEBUG_HELP = "show the full traceback of an error instead of its one-line message (for bug reports)"

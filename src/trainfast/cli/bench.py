@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from trainfast.atomic import write_json, write_text
+from trainfast.atomic import json_text, write_output
 from trainfast.bench.sweeps import FULL_BENCH, QUICK_BENCH, run_bench, worker_counts
 from trainfast.bench.tables import render, to_markdown
 from trainfast.cli.flags import check_data_root
@@ -37,9 +37,13 @@ Three measurements, each row printed as it finishes:
 --plot needs matplotlib (pip install trainfast[plot]). The demo dataset is generated on first use under
 $TRAINFAST_CACHE (default ~/.cache/trainfast). A corrupt image stops the bench naming the file (a benchmark
 does not skip samples: there is no --on-bad-sample here). Errors are one line, 'trainfast bench: error: ...'
-(--debug: the full traceback). Exit codes: 0 done, 1 a measurement failed (a corrupt image, a loader failure),
-2 bad input.
+(--debug: the full traceback). Exit codes: 0 done, 1 a measurement failed (a corrupt image, a loader failure)
+or a report file could not be written (a full volume: the tables are printed first), 2 bad input.
 """
+
+
+# A report file that cannot be written (a full volume) costs the file, not the measurements: they are printed above
+DONE = "The benchmark ran (its tables are above); only this file is missing"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -101,10 +105,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     report = run_bench(spec, root, progress=progress, command=command)
     render(report, console)
     if args.json is not None:
-        write_json(args.json, report)
+        write_output(args.json, json_text(report), what="the benchmark's JSON", outcome=DONE)
         console.print(f"wrote {args.json}", markup=False, highlight=False)
     if args.markdown is not None:
-        write_text(args.markdown, to_markdown(report))
+        write_output(args.markdown, to_markdown(report), what="the benchmark's Markdown", outcome=DONE)
         console.print(f"wrote {args.markdown}", markup=False, highlight=False)
     if args.plot is not None:
         from trainfast.bench.plot import plot_report

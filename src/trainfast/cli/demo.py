@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trainfast.atomic import write_json
+from trainfast.atomic import json_text, write_output
 from trainfast.bench.demo import FULL, QUICK, run_demo
 from trainfast.cli.flags import positive_int
 
@@ -30,5 +30,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     report = run_demo(QUICK if args.quick else FULL, repeats=args.repeats)
     if args.json:
-        write_json(args.json, report)
+        write_output(args.json, json_text(report), what="the demo's JSON",
+                     outcome="The demo ran (its table is above); only this file is missing")
     return 0

@@ -9,7 +9,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from trainfast.atomic import write_json
+from trainfast.atomic import json_text, write_output
 from trainfast.cli.flags import add_on_bad_sample_flag, open_data, positive_int
 from trainfast.data.models import MODELS, build_model
 from trainfast.data.packed import PackedImages
@@ -97,5 +97,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.on_bad_sample == "skip":
         console.print(f"{dataset.skipped} corrupt sample(s) skipped while measuring", markup=False, highlight=False)
     if args.json:
-        write_json(args.json, result.to_json())
+        write_output(args.json, json_text(result.to_json()), what="the tuning result as JSON",
+                     outcome="The tuning is done and cached (--workers tuned uses it); only this file is missing")
     return 0
