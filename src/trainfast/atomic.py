@@ -146,7 +146,8 @@ def _chained_os_error(error: BaseException) -> OSError | None:
 
 
 def free_bytes(path: str | Path) -> int | None:
-    """Free bytes on the volume of `path` (or of its nearest existing parent); None where it cannot be read."""
+    """Free bytes on the volume of `path` (or of its nearest existing parent: a checkpoint folder may not exist yet);
+    None where it cannot be read."""
     for candidate in (Path(path), *Path(path).parents):
         if candidate.exists():
             try:

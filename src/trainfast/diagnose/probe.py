@@ -27,13 +27,15 @@ import copy
 import functools
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
+
+from trainfast.trainer.settings import torch_settings
 
 ROUNDS, MIN_ROUNDS, WARMUP_CALLS = 7, 3, 2
 # A candidate counts as faster when its median factor is at least this and more than half its rounds were faster.
@@ -186,16 +188,6 @@ def _channels_last(part: Part) -> Part:
                            if isinstance(t, torch.Tensor) and t.dim() == 4 else t, inputs)
 
 
-@contextlib.contextmanager
-def _threads(n: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def candidates(*, device: torch.device, autocast: tuple[tuple[str, str], ...], parameter_dtypes: set[str],
                bf16_native: bool, nchw_convs: int, threads: int, thread_counts: tuple[int, ...]
                ) -> tuple[list[Candidate], dict[str, Trial]]:
@@ -223,7 +215,7 @@ def candidates(*, device: torch.device, autocast: tuple[tuple[str, str], ...], p
         for n in thread_counts:
             if n != threads and n >= 1:
                 tried.append(Candidate("threads", f"{n} intra-op thread(s)", n, base_context,
-                                       setup=functools.partial(_threads, n)))
+                                       setup=functools.partial(torch_settings, cpu_threads=n)))
     return tried, skipped
 
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import torch
@@ -166,18 +164,6 @@ def open_files_check(soft_limit: int | None, num_workers: int | None) -> Check:
 
 
 # --- room for checkpoints ----------------------------------------------------------------------------------
-
-
-def read_free_bytes(path: str | os.PathLike[str]) -> int | None:
-    """Free bytes on the volume that holds `path` (or its nearest existing parent: a checkpoint folder may not
-    exist yet); None where it cannot be read."""
-    for candidate in (Path(path), *Path(path).parents):
-        if candidate.exists():
-            try:
-                return int(shutil.disk_usage(candidate).free)
-            except OSError:
-                return None
-    return None
 
 
 def checkpoint_files_needed(keep: int) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from trainfast.atomic import free_bytes
 from trainfast.envcheck import checks
 from trainfast.host import affinity_cpus, cgroup_cpu_limit, memory, usable_cpus
 from trainfast.units import format_bytes
@@ -166,7 +167,7 @@ def checkpoint_preflight(folder: str | Path, checkpoint_bytes: int, keep: int, h
     """Room on the volume of `folder` for `keep` rotated checkpoints and best.pt of about `checkpoint_bytes`
     each, checked before training, not found out as a full disk at the end of an epoch. `held_bytes`: the
     checkpoints already in `folder` (a resumed run), which the new ones replace."""
-    return checks.checkpoint_space_check(str(folder), checks.read_free_bytes(folder), checkpoint_bytes, keep,
+    return checks.checkpoint_space_check(str(folder), free_bytes(folder), checkpoint_bytes, keep,
                                          held_bytes)
 
 

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from trainfast import TrainConfig, Trainer, make_loader
-from trainfast.envcheck.checks import checkpoint_space_check, format_bytes, read_free_bytes
+from trainfast.atomic import free_bytes
+from trainfast.envcheck.checks import checkpoint_space_check, format_bytes
 from trainfast.trainer.checkpoint import estimate_checkpoint_bytes
 
 MIB = 2**20
@@ -55,7 +56,7 @@ def test_free_bytes_are_read_from_the_nearest_existing_folder(tmp_path: Path, mo
         return Usage(100, 60, 40)
 
     monkeypatch.setattr(shutil, "disk_usage", usage)
-    assert read_free_bytes(tmp_path / "runs" / "a") == 40  # not made yet: its volume is the parent's
+    assert free_bytes(tmp_path / "runs" / "a") == 40  # not made yet: its volume is the parent's
     assert asked == [tmp_path]
 
 
