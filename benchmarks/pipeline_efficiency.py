@@ -12,7 +12,9 @@ efficiency = trained / min(compute-only, loader-only). 1.0 means loading is enti
 CPU-only machine loading and compute share the cores, so it is out of reach and hides where time goes. There the
 CPU-work limit applies too: with c1 = compute alone at one intra-op thread and l1 = the loader alone with one
 worker process (samples/s on one core each), N usable cores train at most N * c1 * l1 / (c1 + l1) samples/s
-(each sample costs 1/c1 + 1/l1 core-seconds); `efficiency_vs_cpu_limit` = trained / that. Rounds interleaved,
+(each sample costs 1/c1 + 1/l1 core-seconds); `efficiency_vs_cpu_limit` = trained / that. `trained_auto` is the same
+`Trainer.fit` fed by `make_loader(..., workers="auto")` (auto's threads too): `tuned_vs_auto` = trained / that, per
+round, is what the tuning bought end to end (the goal: >= 1, i.e. never slower). Rounds interleaved,
 `--repeats` times. The loader runs with the tuned backend (worker processes or loader threads, whichever the
 tuning chose); `--backend` overrides it to compare the two at the tuned worker count, `--retune` tunes again
 instead of reading the cached result.
@@ -35,7 +37,7 @@ import torch
 
 from trainfast.atomic import write_json
 from trainfast.bench.hardware import describe, hardware
-from trainfast.bench.timing import Spread, interleave
+from trainfast.bench.timing import Spread, interleave, ratios
 from trainfast.data.images import ImageFolder
 from trainfast.data.models import build_model
 from trainfast.data.synthetic import ensure_demo_dataset
@@ -59,6 +61,7 @@ def main() -> None:
     parser.add_argument("--backend", choices=("tuned", "processes", "threads"), default="tuned",
                         help="the loader's workers: the tuning's choice, or processes / threads at its worker count")
     parser.add_argument("--retune", action="store_true", help="tune again even if a result is cached")
+    parser.add_argument("--budget-s", type=float, default=90.0, help="the tuning's budget when it runs (default: 90)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     logging.getLogger("trainfast").setLevel(logging.WARNING)
@@ -68,7 +71,7 @@ def main() -> None:
     step = training_step(build_model("convnet", num_classes=10, image_size=64), normalize=dataset.normalize,
                          device=device)
     tuned = (None if args.retune else load(dataset, 64, device=device.type)) or tune_loader(
-        dataset, 64, step, device=device.type)
+        dataset, 64, step, device=device.type, budget_s=args.budget_s)
     config: WorkerSettings = tuned.chosen
     precision = resolve_precision("auto", device_caps(device)).name
     if args.backend != "tuned":
@@ -95,14 +98,18 @@ def main() -> None:
 
     one_worker = replace(config, num_workers=1, backend="processes", prefetch_factor=config.prefetch_factor or 2)
 
-    def trained() -> float:
+    def trained(workers: str = "tuned") -> float:
         torch.manual_seed(0)
         model = build_model("convnet", num_classes=10, image_size=64)
-        loader = (make_loader(dataset, 64, workers="tuned", device=device.type) if args.backend == "tuned" else
-                  make_loader(dataset, 64, workers=config.num_workers, prefetch_factor=config.prefetch_factor or "auto",
-                              pin_memory=config.pin_memory, device=device.type, backend=args.backend))
-        assert loader.plan is not None and loader.plan.backend == (config.backend if config.num_workers else
-                                                                   "processes")
+        if workers == "auto":
+            loader = make_loader(dataset, 64, device=device.type)
+        elif args.backend == "tuned":
+            loader = make_loader(dataset, 64, workers="tuned", device=device.type)
+        else:
+            loader = make_loader(dataset, 64, workers=config.num_workers, prefetch_factor=config.prefetch_factor
+                                 or "auto", pin_memory=config.pin_memory, device=device.type, backend=args.backend)
+            assert loader.plan is not None and loader.plan.backend == (config.backend if config.num_workers else
+                                                                       "processes")
         threads = config.cpu_threads if args.backend != "tuned" and config.cpu_threads else "auto"  # tuned: the plan's
         # precision and channels_last pinned to what the compute-only step runs ("auto"'s priors): the Trainer's
         # A/Bs of the other settings are a cost of their own (BENCHMARKS.md), not the pipeline's
@@ -113,7 +120,7 @@ def main() -> None:
         return Trainer(model, config=cfg).fit(loader).samples_per_s
 
     variants: dict[str, Callable[[], float]] = {"compute_only": compute_only, "loader_only": loader_only,
-                                                "trained": trained}
+                                                "trained": trained, "trained_auto": lambda: trained("auto")}
     cpu_only = device.type == "cpu"
     if cpu_only:
         variants |= {"compute_1_thread": lambda: compute_only(1), "loader_1_worker": lambda: loader_only(one_worker)}
@@ -122,9 +129,12 @@ def main() -> None:
     per_round = [t / min(c, ld) for t, c, ld in zip(rates["trained"], rates["compute_only"], rates["loader_only"],
                                                        strict=True)]
     efficiency = Spread.of(per_round)
+    vs_auto = Spread.of(ratios(rates["trained"], rates["trained_auto"]))
     cores = available_cpus()
     report: dict[str, Any] = {"efficiency": efficiency.median, "efficiency_spread": efficiency.to_json(),
                               "goal": 0.97, "config": config.to_json(), "backend_source": args.backend,
+                              "tuned_vs_auto": vs_auto.median, "tuned_vs_auto_spread": vs_auto.to_json(),
+                              "kept_reason": tuned.kept_reason,
                               "samples_per_s": medians, "repeats": args.repeats, "cores": cores,
                               "hardware": hardware()}
     if cpu_only:
@@ -134,12 +144,14 @@ def main() -> None:
         report |= {"cpu_limit_samples_per_s": statistics.median(limits),
                    "efficiency_vs_cpu_limit": vs_limit.median, "efficiency_vs_cpu_limit_spread": vs_limit.to_json()}
     print(describe(report["hardware"]))
-    print(f"configuration   {config.label()}")
+    print(f"configuration   {config.label()} ({tuned.kept_reason})")
     for name in variants:
         print(f"{name:<16} {medians[name]:8.0f} samples/s")
     print(f"efficiency       {efficiency.median:.3f} (median of {args.repeats}, range "
           f"{efficiency.minimum:.3f}-{efficiency.maximum:.3f}) of min(compute alone, loader alone); goal >= 0.97 "
           "on an accelerator")
+    print(f"tuned vs auto    {vs_auto.median:.3f}x trained (range {vs_auto.minimum:.3f}-{vs_auto.maximum:.3f}); "
+          "goal >= 1")
     if cpu_only:
         print(f"CPU-work limit   {report['cpu_limit_samples_per_s']:8.0f} samples/s ({cores} cores x c1 x l1 / "
               f"(c1 + l1))")

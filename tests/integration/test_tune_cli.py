@@ -21,6 +21,7 @@ def test_tune_then_train_with_the_tuned_loader(tiny_images: Path, cache_dir: Pat
         assert {"config", "samples_per_s", "seconds"} <= set(trial)
     printed = capsys.readouterr().out
     assert "◀ chosen" in printed and "x the baseline" in printed
+    assert f"against auto: {result['kept_reason']}" in printed.replace("\n", " ")
     assert main(["train", *common, "--model", "mlp", "--workers", "tuned", "--epochs", "1", "--no-progress",
                  "--json", str(tmp_path / "train.json")]) == 0
     assert json.loads((tmp_path / "train.json").read_text())["steps"] == 80 // 8

@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("tune", help="find the fastest cheap loader configuration by measurement", epilog=EXAMPLES,
                        description="Measure loader workers (processes or threads), prefetch, pinning and (on the CPU) "
                                    "intra-op threads while the real training step runs; keep the cheapest within 3% "
-                                   "of the best.",
+                                   "of the best, and only if it trains at least 3% faster than 'auto' in "
+                                   "interleaved rounds.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, default=None,
                    help="image folder with train/, or a 'trainfast pack' output; default: the demo dataset")
@@ -90,10 +91,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                       f"{trial.samples_per_s:,.0f}", f"{trial.samples_per_s / result.baseline_samples_per_s:.2f}x",
                       f"{trial.seconds:.1f}")
     console.print(table)
+    # one line each, wrapped by the terminal: the label's length moves any break rich makes
+    console.print(f"against auto: {result.kept_reason}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"chosen: {result.chosen.label()} — {result.chosen_samples_per_s:,.0f} samples/s, "
-                  f"{result.speedup:.2f}x the baseline (workers=0, default threads); search took "
+                  f"{result.speedup:.2f}x the baseline (workers=0, default threads); tuning took "
                   f"{result.sweep_seconds:.0f} s. Use it with --workers tuned / make_loader(..., workers='tuned').",
-                  soft_wrap=True)  # one line, wrapped by the terminal: the label's length moves any break rich makes
+                  soft_wrap=True)
     if args.on_bad_sample == "skip":
         console.print(f"{dataset.skipped} corrupt sample(s) skipped while measuring", markup=False, highlight=False)
     if args.json:

@@ -24,7 +24,7 @@ from trainfast.host import available_cpus
 from trainfast.loader.options import is_int
 
 log = logging.getLogger("trainfast")
-FORMAT = 1  # bump when the meaning of a cached result changes
+FORMAT = 2  # bump when the meaning of a cached result changes (2: the choice was confirmed against "auto")
 T = TypeVar("T")
 
 

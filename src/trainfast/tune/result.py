@@ -9,6 +9,7 @@ from typing import Any
 
 from trainfast.loader import tuned
 from trainfast.loader.tuned import FORMAT, WorkerSettings
+from trainfast.tune.confirm import Confirmation
 from trainfast.tune.trial import Trial
 
 
@@ -22,6 +23,18 @@ class TuneResult:
     sweep_seconds: float
     key: str
     describes: dict[str, Any] = field(default_factory=dict)  # what the key was made from, for people
+    auto: WorkerSettings | None = None  # make_loader's "auto" plan, where the search started
+    confirmation: Confirmation | None = None  # the search's choice against auto; None when it was auto's plan
+    search_seconds: float | None = None  # the search alone; sweep_seconds includes the confirmation
+
+    @property
+    def kept_reason(self) -> str:
+        """Why `chosen` is what `workers="tuned"` gets."""
+        if self.confirmation is not None:
+            return self.confirmation.reason()
+        if self.auto is not None and self.chosen == self.auto:
+            return "the search's choice is auto's own plan"
+        return "not confirmed against auto"
 
     @property
     def speedup(self) -> float:
@@ -31,15 +44,21 @@ class TuneResult:
         return {"chosen": self.chosen.to_json(), "chosen_samples_per_s": self.chosen_samples_per_s,
                 "baseline": self.baseline.to_json(), "baseline_samples_per_s": self.baseline_samples_per_s,
                 "speedup": self.speedup, "trials": [t.to_json() for t in self.trials],
-                "sweep_seconds": self.sweep_seconds, "key": self.key, "describes": self.describes, "format": FORMAT}
+                "sweep_seconds": self.sweep_seconds, "search_seconds": self.search_seconds, "key": self.key,
+                "describes": self.describes, "auto": self.auto.to_json() if self.auto else None,
+                "confirmation": self.confirmation.to_json() if self.confirmation else None,
+                "kept_reason": self.kept_reason, "format": FORMAT}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TuneResult:
         trials = [Trial(WorkerSettings.from_json(t["config"]), t["samples_per_s"], t["seconds"], t.get("batches", 0))
                   for t in data["trials"]]
+        auto, confirmation = data.get("auto"), data.get("confirmation")
         return cls(WorkerSettings.from_json(data["chosen"]), data["chosen_samples_per_s"],
                    WorkerSettings.from_json(data["baseline"]), data["baseline_samples_per_s"], trials,
-                   data["sweep_seconds"], data["key"], data.get("describes", {}))
+                   data["sweep_seconds"], data["key"], data.get("describes", {}),
+                   WorkerSettings.from_json(auto) if auto else None,
+                   Confirmation.from_json(confirmation) if confirmation else None, data.get("search_seconds"))
 
 
 def save(result: TuneResult) -> Path:

@@ -10,7 +10,10 @@
 3. Around the best: the other side of the CPU split (one thread more, one less), the threads backend (loader
    threads in place of processes), the other prefetch depth, and on CUDA the same without pinning.
 4. The choice: the *cheapest* configuration within `TOLERANCE` of the best one measured: spare cores and
-   memory are worth more than a difference smaller than the measurement noise. Pinning counts as a cost
+   memory are worth more than a difference smaller than the measurement noise. When training on the CPU, a
+   configuration with more busy threads (workers + intra-op threads) than usable CPUs is costlier than any that
+   fits: it is chosen only when it beats all of them by more than `TOLERANCE` (oversubscribed cores can train at
+   half the speed of a short trial's reading). Pinning counts as a cost
    only when the target is the CPU; on CUDA it is the expected setting and wins ties. Worker processes win ties
    over threads: only they keep a dataset that draws from the global RNGs reproducible.
 
@@ -37,9 +40,15 @@ TOLERANCE = 0.03
 Measure = Callable[[WorkerSettings, "float | None"], Trial]  # (config, beat: the rate that matters or None)
 
 
-def cheapest_within(trials: Iterable[Trial], tolerance: float = TOLERANCE, *, cuda: bool = False) -> Trial:
-    """The cheapest trial (processes before threads, fewest workers, then prefetch, pinning, threads) within
-    `tolerance` of the best.
+def oversubscribed(config: WorkerSettings, cpus: int) -> bool:
+    """More busy threads than `cpus` while training on the CPU: every worker and every intra-op thread."""
+    return config.cpu_threads is not None and config.num_workers + config.cpu_threads > cpus
+
+
+def cheapest_within(trials: Iterable[Trial], tolerance: float = TOLERANCE, *, cuda: bool = False,
+                    cpus: int | None = None) -> Trial:
+    """The cheapest trial (within `cpus` busy threads, processes before threads, fewest workers, then prefetch,
+    pinning, threads) within `tolerance` of the best.
 
     With `cuda`, unpinned memory is the "cost" instead: pinning is what a GPU target runs with by default,
     and its win (asynchronous copies) is easily within the noise of a short loader trial.
@@ -49,7 +58,8 @@ def cheapest_within(trials: Iterable[Trial], tolerance: float = TOLERANCE, *, cu
         raise ValueError("no trial to choose from")
     best = max(t.samples_per_s for t in trials)
     good = [t for t in trials if t.samples_per_s >= (1 - tolerance) * best]
-    return min(good, key=lambda t: (t.config.backend != "processes", t.config.num_workers,
+    return min(good, key=lambda t: (cpus is not None and oversubscribed(t.config, cpus),
+                                    t.config.backend != "processes", t.config.num_workers,
                                     t.config.prefetch_factor or 0, t.config.pin_memory != cuda,
                                     -(t.config.cpu_threads or 0)))
 

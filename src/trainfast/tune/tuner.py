@@ -20,6 +20,7 @@ from trainfast.loader.tuned import WorkerSettings, cache_key
 from trainfast.samples import batch_samples
 from trainfast.trainer.step import TrainStep
 from trainfast.tune import result as cache
+from trainfast.tune.confirm import ROUNDS, confirm
 from trainfast.tune.result import TuneResult
 from trainfast.tune.search import cheapest_within, search
 from trainfast.tune.trial import Trial, run_trial
@@ -31,6 +32,9 @@ MAX_BATCHES = 400
 # A trial stops once its rate is known within this (95 % confidence): finer than the 5 % the choice may miss the
 # exhaustive sweep's best by, coarser would let the noise decide.
 PRECISION = 0.04
+# The confirmation against "auto" (`trainfast.tune.confirm`) is held to about this share of the budget: 2 x ROUNDS
+# runs of a few seconds each.
+CONFIRM_SHARE = 0.2
 
 
 @contextmanager
@@ -72,6 +76,8 @@ def tune_loader(dataset: Any, batch_size: int, step_fn: TrainStep | None = None,
 
     With `step_fn(batch)` (one training step), trials co-run it: a loader measured alone cannot see that
     its workers take cores from the model. On the CPU the intra-op thread count is tuned with the workers.
+    The search's choice is then run against `make_loader`'s "auto" plan in interleaved rounds and kept only when
+    it is at least 3 % faster (`trainfast.tune.confirm`); otherwise "auto" is kept, and the result says why.
     The result is cached for `make_loader(dataset, batch_size, workers="tuned")` and the Trainer.
     A trial measures until its rate is known within `PRECISION`, or is clearly too slow to matter, for at most
     `batches` batches (default `MAX_BATCHES`) and about `budget_s / 8` seconds.
@@ -95,16 +101,31 @@ def tune_loader(dataset: Any, batch_size: int, step_fn: TrainStep | None = None,
             return trial
 
         start = start_config(dataset, batch_size, device=device, cpu_training=cpu_training)
-        remaining = budget_s - (time.perf_counter() - started)
+        remaining = budget_s * (1 - CONFIRM_SHARE) - (time.perf_counter() - started)
         trials = search(measure, start=start, cpus=cpus, cpu_training=cpu_training, cuda=target == "cuda",
                         budget_s=max(remaining, 0.0), compute_rate=compute_rate,
                         threads_backend=not _in_memory(dataset))
+        searched = time.perf_counter() - started
+        best = cheapest_within(trials, cuda=target == "cuda", cpus=cpus if cpu_training else None)
+        confirmation = None
+        if best.config != start:
+            per_run = max(1.0, budget_s * CONFIRM_SHARE / (2 * ROUNDS))
+
+            def run(config: WorkerSettings) -> Trial:
+                trial = run_trial(dataset, batch_size, config, step_fn=step_fn, batches=cap,
+                                  warmup=2 + config.num_workers * (config.prefetch_factor or 2), device=device,
+                                  max_s=per_run)
+                progress.info("tune: confirm %-40s %9.0f samples/s", config.label(), trial.samples_per_s)
+                return trial
+            confirmation = confirm(run, best.config, start)
+            progress.info("tune: %s", confirmation.reason())
     baseline = next(t for t in trials if t.config == WorkerSettings(0))
-    chosen = cheapest_within(trials, cuda=target == "cuda")
+    chosen = best if confirmation is None or confirmation.keeps_tuned else next(t for t in trials if t.config == start)
     key, describes = cache_key(dataset, batch_size, with_step=step_fn is not None, device=target)
     describes["compute_only_samples_per_s"] = compute_rate
     result = TuneResult(chosen.config, chosen.samples_per_s, baseline.config, baseline.samples_per_s, trials,
-                        time.perf_counter() - started, key, describes)
+                        time.perf_counter() - started, key, describes, auto=start, confirmation=confirmation,
+                        search_seconds=searched)
     if save:
         path = cache.save(result)
         log.info("tune: chose %s (%.0f samples/s, %.2fx the baseline); saved %s", chosen.config.label(),

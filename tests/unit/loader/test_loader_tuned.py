@@ -56,27 +56,35 @@ def warnings(caplog: pytest.LogCaptureFixture) -> Any:
     logger.removeHandler(caplog.handler)
 
 
-def test_the_key_is_the_one_earlier_versions_used(fixed_hardware: None) -> None:
-    """Digests computed by the cache before it moved: files already on disk keep being found."""
+def test_the_key_is_stable_and_a_record_from_before_the_confirmation_is_not_used(
+        cache_dir: Path, fixed_hardware: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The digest depends only on what it describes (files on disk keep being found), and on the format: a
+    format-1 choice was never confirmed against "auto" (one trained at half auto's speed), so it is not read."""
     step_key, describes = tuned.cache_key(tensors(), 4, with_step=True, device="cpu")
-    assert step_key == "1e1b75adb4a8f8930153"
+    assert step_key == "b22520a878a5b9645c31"
     assert describes == {"dataset": "tensors:(10, 3):torch.float32;(10,):torch.int64", "batch_size": 4,
-                         "with_step": True, "device": "cpu", "hardware": HARDWARE, "format": 1}
-    assert tuned.cache_key(tensors(), 4, with_step=False, device="cpu")[0] == "31beca2d5b52721ed1f6"
+                         "with_step": True, "device": "cpu", "hardware": HARDWARE, "format": 2}
+    assert tuned.cache_key(tensors(), 4, with_step=False, device="cpu")[0] == "412b71858b8ad92eef90"
+    with monkeypatch.context() as m:
+        m.setattr(tuned, "FORMAT", 1)
+        assert write(tensors(), 4, EARLIER_RECORD) == cache_dir / "tune" / "1e1b75adb4a8f8930153.json"
+    assert tuned.load(tensors(), 4, device="cpu") is None
+    assert tune_result.load(tensors(), 4, device="cpu") is None
 
 
-def test_a_file_written_before_the_move_still_loads(cache_dir: Path, fixed_hardware: None) -> None:
-    path = write(tensors(), 4, EARLIER_RECORD)
-    assert path == cache_dir / "tune" / "1e1b75adb4a8f8930153.json"
+def test_a_record_without_the_later_fields_still_loads(cache_dir: Path, fixed_hardware: None) -> None:
+    write(tensors(), 4, EARLIER_RECORD)
     assert tuned.load(tensors(), 4, device="cpu") == WorkerSettings(2, 2, False, 1)
     loaded = tune_result.load(tensors(), 4, device="cpu")
     assert loaded is not None
-    # what later versions added reads as its old meaning: worker processes, an unknown batch count
+    # what later versions added reads as its old meaning: worker processes, an unknown batch count, no confirmation
     upgraded = json.loads(json.dumps(EARLIER_RECORD))
     for config in (upgraded["chosen"], upgraded["baseline"], *(t["config"] for t in upgraded["trials"])):
         config["backend"] = "processes"
     for t in upgraded["trials"]:
         t["batches"] = 0
+    upgraded |= {"search_seconds": None, "auto": None, "confirmation": None,
+                 "kept_reason": "not confirmed against auto", "format": 2}
     assert loaded.to_json() == upgraded
 
 

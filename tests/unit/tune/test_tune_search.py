@@ -145,10 +145,16 @@ def test_tune_on_tiny_images_caches_the_result_for_make_loader(tiny_images: Path
     data = result.to_json()
     assert {"chosen", "chosen_samples_per_s", "baseline_samples_per_s", "trials", "sweep_seconds"} <= set(data)
     assert data["trials"][0]["config"]["num_workers"] == 0 and len(data["trials"]) >= 2
-    assert result.chosen_samples_per_s >= (1 - 0.03) * max(t.samples_per_s for t in result.trials)
+    assert result.chosen == result.auto or result.chosen_samples_per_s >= (1 - 0.03) * max(
+        t.samples_per_s for t in result.trials)
     assert result.chosen_samples_per_s >= result.baseline_samples_per_s or result.chosen.num_workers == 0
     saved = json.loads(cache.cache_path(result.key).read_text())
-    assert saved["chosen"] == data["chosen"]
+    assert saved["chosen"] == data["chosen"] and saved["kept_reason"] == result.kept_reason
+    if result.confirmation is not None:  # the search's choice was run against auto: both rates are in the record
+        assert saved["confirmation"]["auto"] == saved["auto"] and len(saved["confirmation"]["auto_rates"]) == 3
+        assert result.chosen == result.confirmation.kept
+    else:
+        assert result.chosen == result.auto
     loader = make_loader(dataset, 8, workers="tuned")
     assert loader.plan is not None and loader.plan.num_workers == result.chosen.num_workers
     assert loader.plan.cpu_threads == result.chosen.cpu_threads
