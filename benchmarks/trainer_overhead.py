@@ -56,9 +56,10 @@ def raw_loop(loader: DataLoader[Any], epochs: int) -> float:
 def trainer_fit(loader: DataLoader[Any], epochs: int) -> float:
     torch.manual_seed(0)
     model = nn.Linear(32, 10)
-    # fp32 and NCHW pinned, as the raw loop runs: "auto" would A/B bf16 on a CPU that has it (another step)
+    # fp32, NCHW and one thread pinned, as the raw loop runs: "auto" would A/B bf16 on a CPU that has it and take
+    # every core for intra-op threads (another step)
     trainer = Trainer(model, config=TrainConfig(epochs=epochs, grad_clip=None, progress=False, log_every=10_000,
-                                                device="cpu", precision="32-true", channels_last=False))
+                                                device="cpu", precision="32-true", channels_last=False, cpu_threads=1))
     started = time.perf_counter()
     trainer.fit(loader)
     return time.perf_counter() - started
