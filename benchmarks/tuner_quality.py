@@ -82,7 +82,8 @@ def main() -> None:
         "best_samples_per_s": statistics.median(rates["best"]),
         "tuner_seconds": tuned.sweep_seconds, "search_seconds": search_s, "sweep_seconds": sweep_s,
         "time_ratio": search_s / sweep_s, "time_ratio_with_confirmation": tuned.sweep_seconds / sweep_s,
-        "goal_time_ratio": 0.25, "kept_reason": tuned.kept_reason, "tuner_trials": len(tuned.trials), "sweep_trials": len(sweep),
+        "goal_time_ratio": 0.25, "kept_reason": tuned.kept_reason, "tuner_trials": len(tuned.trials),
+        "sweep_trials": len(sweep),
         "tuner_batches": sum(t.batches for t in tuned.trials), "sweep_batches": sum(t.batches for t in sweep),
         "sweep": [t.to_json() for t in sweep], "tuner_trials_detail": [t.to_json() for t in tuned.trials],
         "hardware": hardware()}
@@ -94,8 +95,8 @@ def main() -> None:
     print(f"quality       chosen / best = {quality.median:.3f} (median of {args.repeats} interleaved re-measurements, "
           f"range {quality.minimum:.3f}-{quality.maximum:.3f}); goal >= 0.95")
     print(f"against auto  {tuned.kept_reason}")
-    print(f"search time   {report['time_ratio']:.0%} of the exhaustive sweep's ({search_s:.1f} s); goal <= 25%; with the "
-          f"confirmation against auto {report['time_ratio_with_confirmation']:.0%}")
+    print(f"search time   {report['time_ratio']:.0%} of the exhaustive sweep's ({search_s:.1f} s); goal <= 25%; "
+          f"with the confirmation against auto {report['time_ratio_with_confirmation']:.0%}")
     if args.json:
         write_json(args.json, report)
 

@@ -77,8 +77,11 @@ def atomic_copy(src: str | Path, dst: str | Path) -> Path:
 
 def write_text(path: str | Path, text: str) -> Path:
     """`text` (UTF-8) written atomically."""
-    data = text.encode()
+    return write_bytes(path, text.encode())
 
+
+def write_bytes(path: str | Path, data: bytes) -> Path:
+    """`data` written atomically."""
     def write(f: BinaryIO) -> None:
         f.write(data)
     return atomic_write(path, write)
@@ -175,18 +178,20 @@ class OutputWriteError(RuntimeError):
     and the fix. The work it reports on is done."""
 
 
-def write_output(path: str | Path, text: str, *, what: str, outcome: str) -> Path:
-    """`text` written atomically to `path`; a failed write (see `write_failure`) raises `OutputWriteError`, so a
-    full volume costs the file, never the run that made it (nor a torn file: the old one stays)."""
+def write_output(path: str | Path, content: str | bytes, *, what: str, outcome: str) -> Path:
+    """`content` (text as UTF-8) written atomically to `path`; a failed write (see `write_failure`) raises
+    `OutputWriteError`, so a full volume costs the file, never the run that made it (nor a torn file: the old one
+    stays)."""
     path = Path(path)
+    data = content.encode() if isinstance(content, str) else content
     try:
-        return write_text(path, text)
+        return write_bytes(path, data)
     except Exception as e:
         failure = write_failure(e)
         if failure is None:
             raise
         folder = str(path.parent)
         raise OutputWriteError(describe_write_failure(
-            path, len(text.encode()), failure, outcome, what=what,
+            path, len(data), failure, outcome, what=what,
             room_fix=f"free space in {folder!r}, or give a path on another volume",
             other_fix=f"make {folder!r} writable, or give a path elsewhere")) from e

@@ -121,24 +121,46 @@ def test_doctor_reports_on_a_real_full_volume(tmp_path: Path, mount_tmpfs: Calla
     assert not temporary_files(volume.path)
 
 
-@pytest.mark.parametrize("command", ["demo", "bench"])
+@pytest.mark.parametrize("command", ["demo", "bench", "bench --plot"])
 def test_report_files_of_the_other_commands_on_a_full_volume_are_one_message(
         command: str, tmp_path: Path, full_volume: Any, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    """`demo --json` / `bench --json` on a full volume: the work is done (faked here: only the file is under test),
-    the file is not written, one message, exit 1. (`tune --json` writes through the same `write_output`.)"""
+    """`demo --json`, `bench --json` / `--plot` on a full volume: the work is done (faked here: only the file is
+    under test), the file is not written, one message, exit 1. (`tune --json` writes through the same
+    `write_output`.)"""
+    from trainfast.bench import plot
     from trainfast.cli import bench, demo
 
+    out = tmp_path / ("out.png" if "plot" in command else "out.json")
     if command == "demo":
         monkeypatch.setattr(demo, "run_demo", lambda spec, repeats: {"runs": []})
-        args = ["demo", "--quick", "--json", str(tmp_path / "out.json")]
+        args = ["demo", "--quick", "--json", str(out)]
     else:
         monkeypatch.setattr(bench, "run_bench", lambda spec, root, progress, command: {})
         monkeypatch.setattr(bench, "render", lambda report, console: None)
         monkeypatch.setattr(bench, "ensure_demo_dataset", lambda name, seed: tmp_path)  # no images to make
-        args = ["bench", "--quick", "--json", str(tmp_path / "out.json")]
+        monkeypatch.setattr(plot, "require_matplotlib", lambda: None)  # the figure is not under test
+        monkeypatch.setattr(plot, "plot_png", lambda report: bytes(1000))
+        args = ["bench", "--quick", "--plot" if "plot" in command else "--json", str(out)]
     full_volume.atomic_writes_from(1)
     assert main(args) == 1
-    [message] = errors(capsys.readouterr().err, command)
-    assert "out.json" in message and "only this file is missing" in message, message
-    assert not (tmp_path / "out.json").exists() and not temporary_files(tmp_path)
+    [message] = errors(capsys.readouterr().err, command.split()[0])
+    assert out.name in message and "only this file is missing" in message, message
+    assert not out.exists() and not temporary_files(tmp_path)
+
+
+def test_pack_into_a_folder_that_cannot_be_made_is_one_message(
+        tiny_images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    dst = tmp_path / "packed"
+    make_folder = Path.mkdir
+
+    def mkdir(self: Path, *args: Any, **kwargs: Any) -> None:
+        if self.is_relative_to(dst):  # as mkdir on a volume with no free block or inode fails
+            raise OSError(errno.ENOSPC, "No space left on device")
+        make_folder(self, *args, **kwargs)
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    assert main(pack_args(tiny_images, dst, workers=1)) == 1
+    [line] = errors(capsys.readouterr().err, "pack")
+    assert line.startswith(f"trainfast pack: error: could not write pack file {str(dst / 'train')!r}: No space left "
+                           f"on device (errno {errno.ENOSPC}); {str(dst)!r} has "), line
+    assert "nothing was packed yet" in line, line

@@ -10,9 +10,9 @@ from __future__ import annotations
 import io
 import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
-from trainfast.atomic import atomic_write
+from trainfast.atomic import write_bytes
 from trainfast.bench.hardware import describe
 
 if TYPE_CHECKING:
@@ -37,6 +37,11 @@ def require_matplotlib() -> None:
 
 def plot_report(report: dict[str, Any], path: str | Path) -> Path:
     """Write the report as a PNG at `path` (atomically) and return the path."""
+    return write_bytes(path, plot_png(report))
+
+
+def plot_png(report: dict[str, Any]) -> bytes:
+    """The report drawn as a PNG."""
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -52,10 +57,7 @@ def plot_report(report: dict[str, Any], path: str | Path) -> Path:
     fig.suptitle(f"trainfast bench on {describe(report['hardware'])}\n{command}", fontsize=12)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", facecolor="white")
-
-    def write(f: BinaryIO) -> None:
-        f.write(buffer.getvalue())
-    return atomic_write(path, write)
+    return buffer.getvalue()
 
 
 def _style(ax: Axes) -> None:

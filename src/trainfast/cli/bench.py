@@ -111,8 +111,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         write_output(args.markdown, to_markdown(report), what="the benchmark's Markdown", outcome=DONE)
         console.print(f"wrote {args.markdown}", markup=False, highlight=False)
     if args.plot is not None:
-        from trainfast.bench.plot import plot_report
-        plot_report(report, args.plot)
+        from trainfast.bench.plot import plot_png
+        write_output(args.plot, plot_png(report), what="the benchmark's plot", outcome=DONE)
         console.print(f"wrote {args.plot}", markup=False, highlight=False)
     return 0
 

@@ -101,5 +101,5 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         console.print(f"{dataset.skipped} corrupt sample(s) skipped while measuring", markup=False, highlight=False)
     if args.json:
         write_output(args.json, json_text(result.to_json()), what="the tuning result as JSON",
-                     outcome="The tuning is done and cached (--workers tuned uses it); only this file is missing")
+                     outcome="The tuning is done (its result is above); only this file is missing")
     return 0

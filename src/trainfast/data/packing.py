@@ -135,7 +135,8 @@ def _is_class_root(folder: Path) -> bool:
 def _pack_split(src: Path, dst: Path, settings: dict[str, int], workers: int, progress: bool) -> PackResult:
     start = time.perf_counter()
     classes, files = list_images(src)
-    dst.mkdir(parents=True, exist_ok=True)
+    with _no_room(dst, lambda: 4096, "nothing was packed yet"):  # a new folder takes a block (4 KiB on ext4)
+        dst.mkdir(parents=True, exist_ok=True)
     for stale in dst.glob(f"{TEMP_PREFIX}shard-*.tmp"):  # left by a run that was killed mid-shard
         stale.unlink(missing_ok=True)
     per_shard, mean_bytes = _plan(src, dst, classes, files, settings)

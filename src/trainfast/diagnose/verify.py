@@ -42,7 +42,7 @@ from unittest import mock
 import torch
 from torch.utils.data import DataLoader
 
-from trainfast.atomic import write_json
+from trainfast.atomic import write_failure, write_json
 from trainfast.diagnose.recommend import Recommendation
 from trainfast.diagnose.runner import launched_ranks
 from trainfast.trainer.settings import set_tf32, torch_settings
@@ -230,7 +230,18 @@ def _run_child(label: str, overrides: Mapping[str, Any] | None, spec: dict[str, 
     """One fresh-process doctor run; never raises for the script's or the child's failure."""
     spec_path, out, log_path = (workdir / f"{name}.spec.json", workdir / f"{name}.out.json",
                                 workdir / f"{name}.log")
-    write_json(spec_path, spec | {"overrides": dict(overrides or {}), "out": str(out)})
+    run: dict[str, Any] = {"fix": label, "overrides": dict(overrides) if overrides else None, "samples_per_s": None,
+                           "verdict": None, "data_wait_fraction": None, "exit_code": None, "seconds": 0.0,
+                           "error": None, "loaders": []}
+    try:
+        write_json(spec_path, spec | {"overrides": dict(overrides or {}), "out": str(out)})
+    except Exception as e:
+        failure = write_failure(e)
+        if failure is None:
+            raise
+        run["error"] = (f"not run: its spec could not be written in {str(workdir)!r} ({failure}); free space "
+                        "there or set TMPDIR to a folder with room")
+        return run
     started = time.perf_counter()
     timed_out = False
     with log_path.open("wb") as output:
@@ -244,10 +255,7 @@ def _run_child(label: str, overrides: Mapping[str, Any] | None, spec: dict[str, 
         finally:
             _end_group(proc)
             returncode = proc.wait()
-    seconds = time.perf_counter() - started
-    run: dict[str, Any] = {"fix": label, "overrides": dict(overrides) if overrides else None, "samples_per_s": None,
-                           "verdict": None, "data_wait_fraction": None, "exit_code": None, "seconds": seconds,
-                           "error": None, "loaders": []}
+    run["seconds"] = time.perf_counter() - started
     tail = _tail(log_path)
     last = tail.splitlines()[-1] if tail else ""
     if timed_out:

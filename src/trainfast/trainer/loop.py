@@ -72,6 +72,7 @@ from trainfast.trainer.signals import EXIT_CODE, StopSchedule, StopSignal, parse
 from trainfast.trainer.step import LossOf, forward_backward, optimizer_step, renamed_step_fn
 
 log = logging.getLogger("trainfast")
+_SYNCED = nullcontext()  # reusable: no object built per step
 RATE_WINDOW = 50  # steps over which the progress display averages samples/s and data wait
 
 
@@ -133,6 +134,7 @@ class Trainer:
         self.last_loss_scale: float | None = None
         self._ddp: DistributedDataParallel | None = None
         self._stop_schedule = StopSchedule()
+        self._alone = True  # no other rank to agree with (set by fit)
         self._saved_practices: dict[str, str] | None = None  # what the run a checkpoint resumes chose
         # MFU: one batch's FLOPs (counted once per Trainer, on a warm-up step) and the peak (once per fit)
         self._flops: int | None = None
@@ -170,6 +172,7 @@ class Trainer:
             distributed = stack.enter_context(process_group(self.dist, self.device))
             if distributed:
                 check_sharding(train_loader)
+            self._alone = self._ddp is None and not dist_initialized()  # read once: ~1 us a step otherwise
             fresh = self.epoch == self.step == self.batch == 0
             self.practices.plan(self._wrap(distributed), total_steps, fresh=fresh, distributed=distributed,
                                 agree=lambda values: all_max(values, self.device), saved=self._saved_practices)
@@ -231,13 +234,13 @@ class Trainer:
 
     def _sync_grads(self, boundary: bool) -> AbstractContextManager[object]:
         """Inside a gradient-accumulation cycle DDP need not all-reduce: only the cycle's last backward does."""
-        return self._ddp.no_sync() if self._ddp is not None and not boundary else nullcontext()
+        return self._ddp.no_sync() if self._ddp is not None and not boundary else _SYNCED
 
     def _stop_agreed(self, stop: StopSignal) -> bool:
         """Stop now? Alone: whenever a signal came. Distributed: every rank at the same step, so the ranks agree
         every few seconds and at log points (a collective then, no per-step sync); a scheduler may signal only
         some ranks."""
-        if self._ddp is None and not dist_initialized():
+        if self._alone:
             return stop.requested is not None
         schedule, at_log_point = self._stop_schedule, self.step % self.config.log_every == 0  # a sync there anyway
         return (at_log_point or schedule.due(self.step)) and schedule.agree(stop.requested is not None, self.step,

@@ -10,13 +10,14 @@ from typing import Any
 
 import torch
 
+from trainfast.atomic import write_failure
 from trainfast.device import DeviceClock
 from trainfast.host import available_cpus
 from trainfast.loader.auto import threads_beside_workers
 from trainfast.loader.make import make_loader
 from trainfast.loader.options import LoaderOptions
 from trainfast.loader.resolve import resolve_loader
-from trainfast.loader.tuned import WorkerSettings, cache_key
+from trainfast.loader.tuned import WorkerSettings, cache_key, cache_path
 from trainfast.samples import batch_samples
 from trainfast.trainer.step import TrainStep
 from trainfast.tune import result as cache
@@ -127,10 +128,25 @@ def tune_loader(dataset: Any, batch_size: int, step_fn: TrainStep | None = None,
                         time.perf_counter() - started, key, describes, auto=start, confirmation=confirmation,
                         search_seconds=searched)
     if save:
-        path = cache.save(result)
-        log.info("tune: chose %s (%.0f samples/s, %.2fx the baseline); saved %s", chosen.config.label(),
-                 chosen.samples_per_s, result.speedup, path)
+        _cache(result)
     return result
+
+
+def _cache(result: TuneResult) -> None:
+    """Save the result where `workers="tuned"` finds it; a cache that cannot be written (a full volume, no
+    permission) costs only the cache: the result is still returned (and printed by `trainfast tune`)."""
+    try:
+        path = cache.save(result)
+    except Exception as e:
+        failure = write_failure(e)
+        if failure is None:
+            raise
+        log.warning("tune: could not cache the choice in %s (%s): workers=\"tuned\" will not find it. Free space "
+                    "there, or set TRAINFAST_CACHE to a writable folder, and tune again", cache_path(result.key),
+                    failure)
+        return
+    log.info("tune: chose %s (%.0f samples/s, %.2fx the baseline); saved %s", result.chosen.label(),
+             result.chosen_samples_per_s, result.speedup, path)
 
 
 def _in_memory(dataset: Any) -> bool:

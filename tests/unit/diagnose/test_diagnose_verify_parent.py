@@ -100,3 +100,13 @@ def test_without_cuda_initialised_the_cache_is_left_alone(tmp_path: Path, monkey
     monkeypatch.setattr(verify, "_run_child", lambda label, *a, **k: {"fix": label, "samples_per_s": 1.0,
                                                                        "error": None, "seconds": 0.0})
     verify_fixes(str(tmp_path / "train.py"), recommendations=[FIX], steps=5, warmup=1)
+
+
+def test_a_run_whose_spec_cannot_be_written_is_an_error_row_not_a_traceback(tmp_path: Path) -> None:
+    workdir = tmp_path / "a-file"
+    workdir.write_text("")  # writing under it raises a real OSError, as a full temporary folder would
+    run = verify._run_child("more workers", {"num_workers": 2}, {"target": "x.py"}, workdir=workdir, name="run000",
+                            env={}, cwd=str(tmp_path), timeout_s=5)
+    assert run["samples_per_s"] is None and run["fix"] == "more workers"
+    assert run["error"].startswith(f"not run: its spec could not be written in {str(workdir)!r}"), run["error"]
+    assert "TMPDIR" in run["error"]

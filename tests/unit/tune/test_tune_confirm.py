@@ -110,3 +110,19 @@ def test_a_choice_that_trains_faster_is_kept_with_its_evidence(cache_dir: Path,
     assert result.chosen == faster and result.confirmation is not None and result.confirmation.ratio == 1.4
     assert result.kept_reason.endswith("; kept")
     assert result.search_seconds is not None and result.search_seconds <= result.sweep_seconds
+
+
+def test_a_cache_that_cannot_be_written_costs_only_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             trainfast_log: pytest.LogCaptureFixture) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("TRAINFAST_CACHE", str(blocked / "cache"))  # a real OSError: its parent is a file
+    data = (torch.zeros(600, 4), torch.zeros(600, dtype=torch.long))
+    auto = tuner.start_config(data, 8, device="cpu", cpu_training=True)
+    monkeypatch.setattr(tuner, "search", lambda measure, **kw: [measure(auto, None), measure(WorkerSettings(0), None)])
+    monkeypatch.setattr(tuner, "_compute_rate", lambda *a, **k: 1000.0)
+    monkeypatch.setattr(tuner, "run_trial", fake_trials({auto: 100.0}, {auto: 100.0}))
+    result = tuner.tune_loader(data, 8, lambda batch: None, budget_s=6, device="cpu")
+    assert result.chosen == auto
+    [warning] = [r.getMessage() for r in trainfast_log.records if "could not cache" in r.getMessage()]
+    assert str(cache.cache_path(result.key)) in warning and "TRAINFAST_CACHE" in warning, warning
