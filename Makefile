@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test test-fast stress lint clean
 
 install: $(VENV)/.installed
 
@@ -19,8 +19,17 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: install
 	$(VENV)/bin/trainfast demo
 
+# the whole suite, as CI runs it; the 25 slowest tests are listed so that growth is visible
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=25
+
+# the inner loop: unit tests only (under 90 s on 2 cores)
+test-fast: install
+	$(PY) -m pytest tests/unit -q -x
+
+# many-seed stress runs (the suite keeps a few seeds of each)
+stress: install
+	TRAINFAST_RANK_SKEW_SEEDS=20 $(PY) -m pytest tests/integration/test_rank_skew.py
 
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from trainfast.atomic import write_json
 from trainfast.bench.hardware import describe, hardware
@@ -27,29 +26,22 @@ from trainfast.bench.sweeps import mixed_precision
 from trainfast.bench.timing import Spread, interleave, ratios
 from trainfast.data.models import ConvNet
 from trainfast.device import synchronize
-from trainfast.precision.policy import LossScaler, device_caps, resolve_precision
-from trainfast.trainer.optimizer import default_optimizer
-from trainfast.trainer.step import forward_backward, optimizer_step
+from trainfast.trainer.step import prepare_step
 
 
 def step_rate(device: torch.device, *, precision: str, channels_last: bool, compile_model: bool, widths: list[int],
               image_size: int, batch_size: int, steps: int, warmup: int) -> Callable[[], float]:
     """A closure measuring samples/s of a full training step (autocast forward, scaled backward, AdamW)."""
     torch.manual_seed(0)
+    step = prepare_step(ConvNet(10, widths), device, lr=1e-3, weight_decay=0.05, precision=precision,
+                        channels_last=channels_last)
+    run = torch.compile(step.model) if compile_model else step.model
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    model = ConvNet(10, widths).to(device, memory_format=fmt)
-    optimizer = default_optimizer(model, 1e-3, 0.05, device)
-    policy = resolve_precision(precision, device_caps(device))
-    scaler = LossScaler(device, policy.needs_scaler)
-    run = torch.compile(model) if compile_model else model
-    params = [p for p in model.parameters() if p.requires_grad]
     x = torch.randn(batch_size, 3, image_size, image_size, device=device).contiguous(memory_format=fmt)
     y = torch.randint(0, 10, (batch_size,), device=device)
 
     def one_step() -> None:
-        forward_backward(run, (x, y), lambda model, batch: F.cross_entropy(model(batch[0]), batch[1]),
-                         policy.autocast(), scaler)
-        optimizer_step(optimizer, scaler, params, None)
+        step((x, y), model=run)
 
     def measure() -> float:
         for _ in range(warmup):

@@ -46,8 +46,8 @@ from trainfast.loader.make import make_loader
 from trainfast.precision.policy import device_caps, resolve_precision
 from trainfast.trainer.config import TrainConfig
 from trainfast.trainer.loop import Trainer
-from trainfast.trainer.practices import resolve_channels_last
 from trainfast.trainer.settings import torch_settings
+from trainfast.trainer.step import resolve_channels_last
 from trainfast.tune.result import load
 from trainfast.tune.step import training_step
 from trainfast.tune.trial import WorkerSettings, run_trial

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainfast.units import to_bytes
+from trainfast.units import format_bytes, to_bytes
 
 # Cached-but-unallocated memory at an OOM above this share of the reserved memory means the allocator
 # held free blocks it could not use for the request: fragmentation (the same hint torch's OOM text gives).
@@ -68,19 +68,27 @@ def first_line(error: BaseException) -> str:
 
 def advice(error: BaseException, memory: MemorySnapshot | None) -> str:
     """What the allocator held at the error and what to change, for the message of an OOM in training."""
-    gib = 2**30
     lines = []
     if memory is not None:
-        lines.append(f"{memory.allocated / gib:.2f} GiB allocated by tensors, {memory.reserved / gib:.2f} GiB "
-                     f"reserved by torch, of {memory.total / gib:.2f} GiB")
-        requested = requested_bytes(str(error))
-        if fragmented(memory, requested):
-            already = "expandable_segments" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-            lines.append(f"fragmentation: {(memory.reserved - memory.allocated) / gib:.2f} GiB is cached but in "
-                         "blocks too small for the request; " + (
-                             "expandable_segments is already set: free long-lived tensors made during training"
-                             if already else f"set {EXPANDABLE} before the process starts"))
+        lines.append(f"{format_bytes(memory.allocated)} allocated by tensors, {format_bytes(memory.reserved)} "
+                     f"reserved by torch, of {format_bytes(memory.total)}")
+        if fragmented(memory, requested_bytes(str(error))):
+            lines.append(fragmentation_advice(memory))
     lines.append("a smaller batch (trainfast.find_batch_size(model, sample) measures the largest that fits; "
                  "TrainConfig(accumulate=N) keeps the effective batch), mixed precision (precision='bf16-mixed' "
                  "or 'auto') or a smaller model")
     return "; ".join(lines)
+
+
+def fragmentation_advice(memory: MemorySnapshot) -> str:
+    """The one advice for a fragmented allocator cache (training's OOM and `find_batch_size` alike): what is cached
+    but unusable, and the fix, given what PYTORCH_CUDA_ALLOC_CONF already sets."""
+    if "expandable_segments" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        fix = ("PYTORCH_CUDA_ALLOC_CONF already sets expandable_segments, so the cached blocks are pinned by live "
+               "tensors: free long-lived tensors made during training, or call torch.cuda.empty_cache()")
+    else:
+        fix = (f"set {EXPANDABLE} in the environment before the process starts: the allocator then grows segments "
+               "instead of splitting fixed ones")
+    return (f"fragmentation: {format_bytes(memory.reserved - memory.allocated)} of the {format_bytes(memory.reserved)}"
+            f" torch reserved was cached but in blocks too small for the request (device total "
+            f"{format_bytes(memory.total)}); {fix}")

@@ -43,7 +43,7 @@ from trainfast.precision.policy import device_caps, resolve_precision
 from trainfast.trainer.clock import WARMUP_STEPS
 from trainfast.trainer.config import TrainConfig
 from trainfast.trainer.loop import Trainer
-from trainfast.trainer.practices import resolve_channels_last
+from trainfast.trainer.step import resolve_channels_last
 
 log = logging.getLogger("trainfast")
 Progress = Callable[[str], None]

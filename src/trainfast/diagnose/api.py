@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
 from typing import Any
 
-import torch
-import torch.nn.functional as F
 from torch import nn
 
 from trainfast.diagnose.instrument import Instrumentation
@@ -18,77 +15,22 @@ from trainfast.diagnose.timeline import Timeline
 from trainfast.envcheck.environment import environment, loader_settings
 from trainfast.loader.prefetch import InputTransform, move
 from trainfast.monitor import Monitor
-from trainfast.samples import batch_samples, first_leaf
+from trainfast.samples import batch_samples
 from trainfast.trainer.settings import torch_settings
-from trainfast.trainer.step import TrainStep, forward_backward
-
-
-def _output_field(out: Any, name: str) -> Any:
-    """`out.name` or `out[name]` (Hugging Face outputs have both), or None."""
-    return out.get(name) if isinstance(out, Mapping) else getattr(out, name, None)
-
-
-def _mapping_loss(out: Any, labels: Any) -> torch.Tensor:
-    """The loss of a model called on a Mapping batch (the rule in `_forward_backward`)."""
-    loss = _output_field(out, "loss")
-    if isinstance(loss, torch.Tensor):
-        return loss
-    logits = out if isinstance(out, torch.Tensor) else _output_field(out, "logits")
-    if not isinstance(logits, torch.Tensor):
-        logits = first_leaf(out)
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"diagnose(loader, model=...) found no loss and no tensor in the model's output "
-                        f"({type(out).__name__}); pass diagnose(loader, step_fn) with your own training step")
-    if logits.dim() == 0:  # a scalar output is a loss (Hugging Face's tuples put it first)
-        return logits
-    if isinstance(labels, torch.Tensor) and not labels.is_floating_point() and logits.dim() >= 2:
-        return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=-100)
-    return logits.float().mean()
-
-
-def _takes_labels(model: nn.Module) -> bool:
-    """Whether `model.forward` names a `labels` parameter (as Hugging Face models do)."""
-    try:
-        param = inspect.signature(model.forward).parameters.get("labels")
-    except (TypeError, ValueError):  # no signature to read
-        return False
-    return param is not None and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD)
+from trainfast.trainer.step import TrainStep, default_batch_loss, forward_backward
 
 
 def _forward_backward(model: nn.Module, loader: Any) -> TrainStep:
-    """The default step for `diagnose(loader, model=...)`: forward, a loss, backward.
-
-    An `(inputs, targets)` batch: `model(inputs)`, with the loader's normalisation applied to the inputs
-    (trainfast loaders yield uint8 images) as in the Trainer; the loss is cross-entropy for a 2-D output and
-    class-index targets, otherwise the mean of the output.
-
-    A Mapping batch (Hugging Face style, `{"input_ids": ..., "attention_mask": ..., "labels": ...}`) is moved
-    to the model's device as it is and its items are the model's keyword arguments: `model(**batch)`, without
-    the `labels` key unless `model.forward` names a `labels` parameter (Hugging Face models, which then
-    compute their own loss). The loss is then:
-    1. the output's `loss` (attribute or key) when it is a tensor;
-    2. otherwise, of the output's logits (the output itself when it is a tensor, else its `logits` attribute
-       or key, else its first tensor, depth first): a 0-dim one is the loss itself; with integer `labels` in
-       the batch, the cross-entropy of the logits flattened over all but their last dimension against the
-       flattened labels, `ignore_index=-100` as in Hugging Face; otherwise the mean of the logits.
-    """
+    """The default step for `diagnose(loader, model=...)`: forward, the Trainer's default loss
+    (`trainfast.trainer.step.default_batch_loss`: `(inputs, targets)` pairs and Hugging Face style mappings), backward.
+    A pair's inputs get the loader's normalisation (trainfast loaders yield uint8 images) as in the Trainer; a
+    mapping is moved to the model's device as it is."""
     device = next(model.parameters()).device
     transform = InputTransform(device, getattr(loader, "normalize", None), channels_last=False)
-    pass_labels = _takes_labels(model)
-
-    def loss_of(model: nn.Module, batch: Any) -> torch.Tensor:
-        if isinstance(batch, Mapping):
-            labels = batch.get("labels")
-            out = model(**(batch if pass_labels else {k: v for k, v in batch.items() if k != "labels"}))
-            return _mapping_loss(out, labels)
-        inputs, targets = batch
-        out = model(inputs)
-        is_class = out.dim() == 2 and targets.dim() == 1 and not targets.is_floating_point()
-        return F.cross_entropy(out, targets) if is_class else out.float().mean()
 
     def step(batch: Any) -> None:
         batch = move(batch, device) if isinstance(batch, Mapping) else transform(move(batch, device))
-        forward_backward(model, batch, loss_of, nullcontext())
+        forward_backward(model, batch, default_batch_loss, nullcontext())
         model.zero_grad(set_to_none=True)
     return step
 
@@ -119,13 +61,13 @@ def diagnose(loader: Iterable[Any], step_fn: TrainStep | None = None, *, model: 
     alone: how much faster it is than training is the strongest input-bound signal there is. Without a
     step at all, only the loader is measured and there is no verdict.
 
-    The `model=` step takes `(inputs, targets)` batches (cross-entropy for class-index targets, else the
-    output's mean) and Mapping batches, Hugging Face style: the batch goes to the model's device and in as
-    keyword arguments, `model(**batch)`, less `labels` unless `model.forward` has a `labels` parameter. The
-    loss is the output's `loss` (attribute or key) when there is one; otherwise, with integer `labels` in
-    the batch, the cross-entropy (`ignore_index=-100`) of the logits (the output, its `logits`, or its first
-    tensor) flattened over all but their last dimension, and otherwise their mean. A batch's samples are the
-    leading dimension of its first tensor, depth first (`trainfast.samples.batch_samples`).
+    The `model=` step's loss is the Trainer's default (`trainfast.trainer.step.default_batch_loss`):
+    `(inputs, targets)` batches take cross-entropy against class indices or probabilities, else the mean squared
+    error; Mapping batches, Hugging Face style, go to the model's device and in as keyword arguments,
+    `model(**batch)`, less `labels` unless `model.forward` has a `labels` parameter, and the loss is the
+    output's `loss` when there is one, else the cross-entropy (`ignore_index=-100`) of the logits against integer
+    `labels`, else their mean. A batch's samples are the leading dimension of its first tensor, depth first
+    (`trainfast.samples.batch_samples`).
 
     >>> report = trainfast.diagnose(loader, model=model)   # doctest: +SKIP
     >>> report.render()                                    # doctest: +SKIP

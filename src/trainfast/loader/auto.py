@@ -110,3 +110,15 @@ def plan_loader(*, workers: int | Auto, pin_memory: bool | Auto, prefetch_factor
     reasons.append(f"drop_last={drop}{why}")
     return LoaderPlan(num_workers=n, pin_memory=pin, persistent_workers=persistent, prefetch_factor=pf,
                       drop_last=drop, in_memory=in_memory, reasons=tuple(reasons))
+
+
+def training_threads(plan: LoaderPlan | None, workers: int, cpus: int, shared: bool) -> tuple[int, str]:
+    """Intra-op threads for training on the CPU fed by a loader with `workers` workers, on `cpus` usable CPUs of
+    this process (`shared`: other ranks share the machine), and the reason: a tuning's measured best when the loader
+    carries one, else the cores its workers leave."""
+    if plan is not None and plan.cpu_threads is not None:
+        scaled = ", scaled to this process's share of the CPUs" if shared else ""
+        return plan.cpu_threads, (f"cpu_threads={plan.cpu_threads} beside {plan.num_workers} worker(s): trainfast "
+                                  f"tune's measured best{scaled}")
+    chosen = threads_beside_workers(cpus, workers)
+    return chosen, f"cpu_threads={chosen}: {cpus} usable CPUs shared with {workers} loader worker(s)"

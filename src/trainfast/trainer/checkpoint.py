@@ -31,6 +31,8 @@ import torch
 
 from trainfast.atomic import TEMP_PREFIX, WriteFailure, atomic_copy, atomic_write, write_failure
 from trainfast.atomic import describe_write_failure as describe_failed_write
+from trainfast.envcheck.checks import Check
+from trainfast.envcheck.environment import checkpoint_preflight
 from trainfast.version import __version__
 
 log = logging.getLogger("trainfast")
@@ -104,6 +106,11 @@ def estimate_checkpoint_bytes(model: torch.nn.Module, optimizer: torch.optim.Opt
             copies = 2
         held = copies * trained
     return state_bytes(model.state_dict()) + held + METADATA_BYTES
+
+
+def room_for_checkpoints(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, keep: int) -> Check:
+    """The pre-flight check of `folder`'s free space against the checkpoints a run will keep there."""
+    return checkpoint_preflight(folder, estimate_checkpoint_bytes(model, optimizer), keep, kept_bytes(folder, keep))
 
 
 def kept_bytes(folder: Path, keep: int) -> int:

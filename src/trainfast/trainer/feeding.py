@@ -1,4 +1,5 @@
-"""How the Trainer is fed by a loader: epoch length, position (epoch, batch), prefetching, sharding, shutdown."""
+"""How the Trainer is fed by a loader: epoch length, position (epoch, batch), prefetching, sharding, shutdown, the
+checks before its first batch and the intra-op threads beside its workers."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ from typing import Any
 
 import torch
 
+from trainfast.envcheck.checks import Check
+from trainfast.envcheck.environment import preflight
+from trainfast.launch import launch_env
+from trainfast.loader.auto import training_threads
 from trainfast.loader.prefetch import DevicePrefetcher
 from trainfast.trainer.config import ConfigError
 
@@ -78,3 +83,27 @@ def closing(*loaders: Iterable[Any] | None) -> Iterator[None]:
             if close is not None:
                 close()
 
+
+
+def warn_before_training(loader: Iterable[Any], checkpoints: Check | None) -> None:
+    """Environment checks for this loader before its first batch (shared memory, open files, CPUs, DB handles), and
+    `checkpoints` (room for them, on the rank that writes them), as warnings with their fixes."""
+    for check in [*preflight(loader), *([checkpoints] if checkpoints is not None else [])]:
+        if check.status in ("warn", "fail"):
+            fix = f" (fix: {check.fix})" if check.fix else ""
+            log.warning("pre-flight %s: %s%s", check.name, check.detail, fix)
+
+
+def cpu_threads_beside(loader: Iterable[Any], setting: int | str | None, device: torch.device) -> int | None:
+    """Intra-op threads for training on `device` fed by `loader`: `setting` unless "auto"; for "auto" on the CPU, a
+    tuning's measured best carried by the loader's plan, else the cores its workers leave (`training_threads`)."""
+    if setting != "auto":
+        return setting  # type: ignore[return-value]
+    if device.type != "cpu":
+        return None
+    plan = getattr(loader, "plan", None)
+    env = launch_env()  # make_loader scaled a tuning to this rank's share of the CPUs; so is the rest
+    workers = plan.num_workers if plan is not None else getattr(loader, "num_workers", 0)
+    chosen, reason = training_threads(plan, workers, env.cpus_per_process(), shared=env.local_world_size > 1)
+    log.info("%s", reason)
+    return chosen

@@ -32,7 +32,7 @@ from trainfast.dynamo import dynamo_counts
 from trainfast.loader.prefetch import rebuilt
 from trainfast.oom import first_line, is_oom
 from trainfast.precision.policy import DeviceCaps, PrecisionPolicy, resolve_precision
-from trainfast.trainer.step import LossOf
+from trainfast.trainer.step import LossOf, forward_backward
 
 log = logging.getLogger("trainfast")
 TIMED = 3  # timed steps per setting, after its warm-up step: the median of 3 shrugs off one outlier
@@ -367,9 +367,7 @@ class Practices:
             ab.guard[mixed] = float(loss_of(self.module, batch).float())
         with _untouched(self.module, self.device):  # from the same random state: the same dropout masks
             try:
-                with self._policy(fp32).autocast():
-                    loss = loss_of(self.module, batch)
-                loss.backward()
+                loss = forward_backward(self.module, batch, loss_of, self._policy(fp32).autocast())
                 ab.guard[fp32] = float(loss.detach().float())
             except Exception as e:
                 if not is_oom(e):
@@ -395,9 +393,9 @@ class Practices:
 
             self.compiled = cast(nn.Module, torch.compile(self.eager))
             with _untouched(self.module, self.device), inductor_config.patch(fallback_random=True):
-                with self.precision.autocast():
-                    out = loss_of(self.compiled, batch)
-                out.backward()
+                # the Trainer's step, unscaled on purpose: the check is of finite gradients, and fp16's first scaled
+                # ones may overflow (the scaler's business, not a compile defect)
+                out = forward_backward(self.compiled, batch, loss_of, self.precision.autocast())
                 grads = [p.grad for p in self.module.parameters() if p.grad is not None]
                 finite = all(bool(torch.isfinite(g).all()) for g in grads)
             loss = float(out.detach().float())  # (synchronises)
@@ -421,18 +419,6 @@ class Practices:
 
     def to_json(self) -> dict[str, Any]:
         return {name: choice.to_json() for name, choice in self.choices.items()}
-
-
-def resolve_channels_last(setting: bool | str, model: nn.Module, device: torch.device, mixed: bool) -> bool:
-    """'auto': NHWC for conv nets on the CPU (oneDNN's fast layout: 1.6x on the demo ConvNet here) or with
-    mixed precision on CUDA (tensor cores read NHWC); plain fp32 CUDA convs gain little and can lose."""
-    if setting != "auto":
-        return bool(setting)
-    has_conv = any(isinstance(m, nn.Conv2d) for m in model.modules())
-    chosen = has_conv and (device.type == "cpu" or mixed)
-    if has_conv:
-        log.info("channels_last=%s (conv net, %s%s)", chosen, device.type, ", mixed precision" if mixed else "")
-    return chosen
 
 
 class _untouched:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -24,3 +25,16 @@ class WarmupCosine:
 def warmup_cosine(optimizer: torch.optim.Optimizer, warmup_steps: int,
                   total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(min(warmup_steps, total_steps), total_steps))
+
+
+def step_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler | None, scaled: bool) -> None:
+    """One scheduler step after an optimizer step. With a loss scaler (`scaled`), a step it skipped (inf gradients,
+    normal while the scale settles) makes torch warn that the schedule ran ahead of the optimizer; knowing would
+    need a host sync every step, so the warning is silenced instead."""
+    assert scheduler is not None
+    if not scaled:
+        scheduler.step()
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
+        scheduler.step()

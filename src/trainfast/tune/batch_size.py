@@ -16,22 +16,21 @@ device, and memory other processes take later. The result's `advice` says how mu
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from trainfast.device import DeviceClock, free_memory, resolve_device, synchronize
-from trainfast.oom import EXPANDABLE, MemorySnapshot, first_line, fragmented, is_oom
+from trainfast.oom import MemorySnapshot, first_line, fragmentation_advice, fragmented, is_oom
 from trainfast.oom import memory_at_oom as _memory_at_oom  # a module global: tests fake it
 from trainfast.oom import requested_bytes as _requested_bytes
 from trainfast.precision.policy import PrecisionPolicy, device_caps, resolve_precision
-from trainfast.trainer.step import LossOf, forward_backward, renamed_step_fn
+from trainfast.trainer.step import LossOf, default_batch_loss, forward_backward, renamed_step_fn
+from trainfast.units import format_bytes
 
 log = logging.getLogger("trainfast")
 Sample = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
@@ -69,8 +68,8 @@ def find_batch_size(model: nn.Module, sample: Sample, *, precision: str = "auto"
     """The largest batch size (within `RESOLUTION`) for which a training step of `model` fits in memory.
 
     `sample` is one input without the batch dimension, or `(input, target)`; batches repeat it (as the
-    model would receive it: float and normalised). Without a target the loss is cross-entropy against
-    class 0 for a 2-D output, else the output's mean. `batch_loss(model, batch) -> loss` replaces that: its
+    model would receive it: float and normalised). The loss is the Trainer's (`default_batch_loss`), or without a
+    target the output's mean. `batch_loss(model, batch) -> loss` replaces that: its
     batch is `(inputs, targets)` for a pair, else the inputs tensor; the backward pass is done here.
     Forward and loss run under the resolved precision's autocast (no loss scaling: it does not change
     memory). The model is moved to `device` for the search and back afterwards; existing gradients are
@@ -161,24 +160,15 @@ def _train_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | 
     x = _repeat(inputs, batch)
     y = None if targets is None else _repeat(targets, batch)
     with torch.enable_grad():
-        forward_backward(model, x if y is None else (x, y), batch_loss or _default_loss_of, policy.autocast())
+        forward_backward(model, x if y is None else (x, y),
+                         batch_loss or (_outputs_mean if y is None else default_batch_loss), policy.autocast())
     synchronize(x.device)  # an asynchronous failure belongs to this try, and so does its time
 
 
-def _default_loss_of(model: nn.Module, batch: Any) -> torch.Tensor:
-    """`default_loss` for a batch of inputs alone or of (inputs, targets)."""
-    return default_loss(model, *batch) if isinstance(batch, tuple) else default_loss(model, batch, None)
-
-
-def default_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
-    out: torch.Tensor = model(inputs)
-    if targets is None:
-        if out.dim() == 2:  # classification logits: class 0 stands in for the labels
-            return F.cross_entropy(out.float(), torch.zeros(out.shape[0], dtype=torch.long, device=out.device))
-        return out.float().mean()
-    if targets.is_floating_point():
-        return F.mse_loss(out.float(), targets.float())
-    return F.cross_entropy(out.float(), targets.long())
+def _outputs_mean(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """The loss of a sample given without targets: the output's mean (what the search measures is the memory of a
+    forward and its backward, which no other loss changes)."""
+    return torch.as_tensor(model(inputs)).float().mean()
 
 
 def _repeat(sample: torch.Tensor, batch: int) -> torch.Tensor:
@@ -221,20 +211,11 @@ def _advice(model: nn.Module, max_batch: int, first_oom: int | None,
     if first_oom is None:
         lines.append(f"no out-of-memory error up to max_batch={max_batch}: raise max_batch to search further")
     if suspect is not None:
-        batch, m = suspect
-        gib = 2**30
-        lines.append(f"fragmentation suspected: at the OOM for batch {batch}, {(m.reserved - m.allocated) / gib:.2f} "
-                     f"GiB of the {m.reserved / gib:.2f} GiB torch reserved was cached but unallocated "
-                     f"(device total {m.total / gib:.2f} GiB)")
-        if "expandable_segments" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
-            lines.append("PYTORCH_CUDA_ALLOC_CONF already sets expandable_segments; the cached blocks are pinned by "
-                         "live tensors: free long-lived tensors made during training or call torch.cuda.empty_cache()")
-        else:
-            lines.append(f"set {EXPANDABLE} in the environment before the process starts, then search again: "
-                         "the allocator then grows segments instead of splitting fixed ones")
+        batch, memory = suspect
+        lines.append(f"at the OOM for batch {batch}, {fragmentation_advice(memory)}")
     trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    lines.append(f"not counted unless already on the device: optimizer state (AdamW: 2 × {trainable / 2**20:.1f} "
-                 "MiB for this model); leave that headroom or take one optimizer step before searching")
+    lines.append(f"not counted unless already on the device: optimizer state (AdamW: 2 × {format_bytes(trainable)} "
+                 "for this model); leave that headroom or take one optimizer step before searching")
     return "\n".join(lines)
 
 

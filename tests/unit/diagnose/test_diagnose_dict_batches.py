@@ -17,9 +17,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from trainfast import diagnose
-from trainfast.diagnose.api import _forward_backward, _loader_rate, _mapping_loss
+from trainfast.diagnose.api import _forward_backward, _loader_rate
 from trainfast.loader.prefetch import move
 from trainfast.samples import batch_samples
+from trainfast.trainer.step import mapping_output_loss as _mapping_loss
 
 VOCAB, SEQ = 32, 6
 

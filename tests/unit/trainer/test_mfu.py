@@ -15,7 +15,7 @@ from torch import nn
 from trainfast import flops
 from trainfast.flops import FlopCounter, Peak, count_flops
 from trainfast.loader.memory import TensorLoader
-from trainfast.trainer import loop
+from trainfast.trainer import mfu
 from trainfast.trainer.config import TrainConfig
 from trainfast.trainer.loop import Trainer
 
@@ -83,7 +83,7 @@ def test_the_peak_is_taken_once_per_fit_and_left_out_of_the_step_times(monkeypat
         time.sleep(0.4)
         return Peak(1e12, precision, "measured: fake")
 
-    monkeypatch.setattr(loop, "_peak", slow_peak)
+    monkeypatch.setattr(mfu, "_peak", slow_peak)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Flatten(), nn.Linear(4 * 6 * 6, 4))
     trainer = Trainer(model, config=config(epochs=1, channels_last="auto"))
@@ -101,14 +101,14 @@ def test_an_ab_decided_before_its_step_still_takes_the_peak(monkeypatch: pytest.
         raise RuntimeError("inductor: no working C++ compiler found")
 
     monkeypatch.setattr(torch, "compile", fail)
-    monkeypatch.setattr(loop, "_peak", lambda device, dtype, threads, precision: Peak(1e12, precision, "fake"))
+    monkeypatch.setattr(mfu, "_peak", lambda device, dtype, threads, precision: Peak(1e12, precision, "fake"))
     result = Trainer(mlp(), config=config(compile="auto")).fit(data(6))  # 12 steps: the compile A/B runs
     assert result.compile is not None and "compilation failed" in result.compile["reason"]
     assert result.peak_source == "fake" and result.mfu is not None
 
 
 def test_an_mfu_over_one_is_reported_as_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loop, "_peak", lambda *args: Peak(1.0, "fp32", "table: NVIDIA Nothing, dense fp32"))
+    monkeypatch.setattr(mfu, "_peak", lambda *args: Peak(1.0, "fp32", "table: NVIDIA Nothing, dense fp32"))
     result = Trainer(mlp(), config=config()).fit(data(6))
     assert result.mfu is None
     assert result.mfu_reason is not None and "the table is wrong for this device" in result.mfu_reason
@@ -120,7 +120,7 @@ def test_a_compiled_model_is_not_counted(monkeypatch: pytest.MonkeyPatch, trainf
                                          how: str) -> None:
     """A dispatch mode would make torch.compile recompile; the eager backend keeps the test to dynamo's tracing."""
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
-    monkeypatch.setattr(loop, "_peak", lambda *args: pytest.fail("took a peak for a model whose FLOPs are unknown"))
+    monkeypatch.setattr(mfu, "_peak", lambda *args: pytest.fail("took a peak for a model whose FLOPs are unknown"))
     try:
         if how == "compile=True":  # 6 steps: too short a run for the compile A/B, so compiled from the first step
             trainer = Trainer(mlp(), config=config(compile=True))

@@ -11,8 +11,7 @@ from torch import nn
 
 from trainfast import TrainConfig, Trainer, make_loader
 from trainfast.oom import MemorySnapshot
-from trainfast.trainer import TrainingOutOfMemoryError
-from trainfast.trainer import loop as loop_module
+from trainfast.trainer import TrainingOutOfMemoryError, out_of_memory
 
 GiB = 2**30
 CPU_OOM = ("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate "
@@ -56,14 +55,14 @@ def test_an_oom_in_fit_says_where_what_to_change_and_keeps_the_checkpoint(tmp_pa
 
 def test_fragmentation_at_the_oom_names_expandable_segments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
-    monkeypatch.setattr(loop_module, "memory_at_oom", lambda device: MemorySnapshot(6 * GiB, 14 * GiB, 16 * GiB))
+    monkeypatch.setattr(out_of_memory, "memory_at_oom", lambda device: MemorySnapshot(6 * GiB, 14 * GiB, 16 * GiB))
     with pytest.raises(TrainingOutOfMemoryError) as caught:
         train(RunsOutAt(2, torch.OutOfMemoryError(CUDA_OOM)), tmp_path)
     message = str(caught.value)
     assert "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 16.00 GiB." in message
     assert "more hints" not in message  # torch's pages of hints stay in the cause
-    assert "6.00 GiB allocated by tensors, 14.00 GiB reserved by torch, of 16.00 GiB" in message
-    assert "8.00 GiB is cached but in blocks too small" in message
+    assert "6.0 GiB allocated by tensors, 14.0 GiB reserved by torch, of 16.0 GiB" in message
+    assert "8.0 GiB of the 14.0 GiB torch reserved was cached but in blocks too small" in message
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in message
     assert "no checkpoint was written yet" in message
 

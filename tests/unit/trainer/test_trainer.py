@@ -334,9 +334,9 @@ def test_monitor_summary_in_the_result() -> None:
 def test_preflight_warnings_are_logged_before_the_first_batch(monkeypatch: pytest.MonkeyPatch,
                                                                caplog: pytest.LogCaptureFixture) -> None:
     from trainfast.envcheck import Check
-    from trainfast.trainer import loop
+    from trainfast.trainer import feeding
 
-    monkeypatch.setattr(loop, "preflight", lambda loader: [Check("shm", "fail", "64 MiB free", "--shm-size=8g")])
+    monkeypatch.setattr(feeding, "preflight", lambda loader: [Check("shm", "fail", "64 MiB free", "--shm-size=8g")])
     logger = __import__("logging").getLogger("trainfast")
     logger.addHandler(caplog.handler)
     try:
@@ -350,10 +350,12 @@ def test_preflight_warnings_are_logged_before_the_first_batch(monkeypatch: pytes
 def test_cpu_threads_auto_follows_a_tuned_plan() -> None:
     from dataclasses import replace
 
+    from trainfast.trainer.feeding import cpu_threads_beside
+
     x, y = blobs(n=64)
     loader = make_loader((x, y), 16)
     loader.plan = replace(loader.plan, cpu_threads=1)  # as make_loader(workers="tuned") sets it
-    assert Trainer(nn.Linear(8, 4), config=config(cpu_threads="auto"))._cpu_threads(loader) == 1
+    assert cpu_threads_beside(loader, "auto", torch.device("cpu")) == 1
 
 
 class SignalAt:

@@ -19,7 +19,6 @@ from trainfast.tune.batch_size import (
     RESOLUTION,
     BatchSizeError,
     MemorySnapshot,
-    default_loss,
     find_batch_size,
     fragmented,
     is_oom,
@@ -201,14 +200,21 @@ def test_pair_samples_and_batch_loss_get_repeated_batches() -> None:
     assert got[0][0] == (8, 4) and torch.equal(got[0][1], torch.full((8,), 2))
 
 
-def test_default_loss_uses_class_0_for_logits_and_the_target_when_given() -> None:
+def test_the_search_s_loss_is_the_trainer_s_and_the_output_s_mean_without_targets(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(0)
     model = nn.Linear(4, 3)
+    seen: list[torch.Tensor] = []
+    original = bs.default_batch_loss
+
+    def spy(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        seen.append(batch[1])
+        return original(m, batch)
+    monkeypatch.setattr(bs, "default_batch_loss", spy)
+    find_batch_size(model, (torch.randn(4), torch.tensor(2)), device="cpu", precision="32-true", max_batch=8)
+    assert seen and all(torch.equal(y, torch.full((len(y),), 2)) for y in seen)
     x = torch.randn(5, 4)
-    assert torch.equal(default_loss(model, x, None), F.cross_entropy(model(x), torch.zeros(5, dtype=torch.long)))
-    y = torch.tensor([2, 1, 0, 2, 1])
-    assert torch.equal(default_loss(model, x, y), F.cross_entropy(model(x), y))
-    assert torch.equal(default_loss(model, x, torch.ones(5, 3)), F.mse_loss(model(x), torch.ones(5, 3)))
+    assert torch.equal(bs._outputs_mean(model, x), model(x).float().mean())
 
 
 def test_forward_runs_under_the_precision_autocast() -> None:
@@ -234,7 +240,7 @@ def test_fragmentation_suggests_expandable_segments(monkeypatch: pytest.MonkeyPa
     result = run(100)
     assert result.batch_size == 100 and result.fragmentation_suspected
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in result.advice
-    assert "6.00 GiB of the 16.00 GiB" in result.advice and "batch 128" in result.advice
+    assert "6.0 GiB of the 16.0 GiB" in result.advice and "batch 128" in result.advice
 
 
 def test_expandable_segments_not_suggested_when_already_set(monkeypatch: pytest.MonkeyPatch) -> None:
