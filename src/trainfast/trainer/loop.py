@@ -42,7 +42,7 @@ from trainfast.trainer.loss_window import LossWindow, NonFiniteLossError
 from trainfast.trainer.mfu import MfuMeter, weight_dtype
 from trainfast.trainer.out_of_memory import TrainingOutOfMemoryError, explained_oom
 from trainfast.trainer.practices import Practices
-from trainfast.trainer.progress import ProgressReporter
+from trainfast.trainer.progress import RATE_WINDOW, ProgressReporter
 from trainfast.trainer.ranks import Ranks
 from trainfast.trainer.result import FitResult
 from trainfast.trainer.schedule import step_schedule, warmup_cosine
@@ -64,7 +64,6 @@ from trainfast.trainer.validation import validate
 __all__ = ["NonFiniteLossError", "Trainer", "TrainingOutOfMemoryError"]
 log = logging.getLogger("trainfast")
 _NOTHING = nullcontext()  # reusable: no object built per step
-RATE_WINDOW = 50  # steps over which the progress display averages samples/s and data wait
 
 
 class Trainer:
@@ -200,6 +199,7 @@ class Trainer:
         # FLOPs are counted on a step StepClock leaves out of every rate (a warm-up step: the dispatch mode slows it);
         # A/Bs still running don't change it (the same matmuls at any precision or layout; compile's A/B starts eager)
         count_flops = self.mfu.wants_count and len(clock.step_s) < clock.warmup_steps
+        alone = self.ranks.alone
         clock.resume()
         for b in range(self.batch, n_batches):
             asked = time.perf_counter()
@@ -232,7 +232,8 @@ class Trainer:
                     self._log_point()
                 if bar.due(now):
                     self._show(bar, now)
-                if self.ranks.stop_agreed(stop, self.step, self.step % cfg.log_every == 0, self.device):
+                if (stop.requested is not None if alone  # alone: no collective, any signal stops at once
+                        else self.ranks.stop_agreed(stop, self.step, self.step % cfg.log_every == 0, self.device)):
                     stop.agreed = True
                     break
         self._show(bar, time.perf_counter())
@@ -328,7 +329,6 @@ class Trainer:
             log.warning("stopped at step %d; no checkpoint_dir, nothing saved", self.step)
         raise SystemExit(EXIT_CODE)
 
-    # ---------------------------------------------------------------- helpers
     def _result(self, wall_s: float) -> FitResult:
         summary = self.clock.summary()
         metrics = self.last_metrics

@@ -25,6 +25,8 @@ from rich.progress import (
 log = logging.getLogger("trainfast")
 BAR_INTERVAL_S = 0.25
 
+RATE_WINDOW = 50  # steps over which the progress display averages samples/s and data wait
+
 
 class ProgressReporter:
     def __init__(self, *, enabled: bool, total_steps: int | None, interval_s: float, epochs: int,
