@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import torch
+from torch import nn
 
 from trainfast.precision.policy import LossScaler, resolve_precision
 from trainfast.trainer.callbacks import emit
@@ -21,19 +24,37 @@ from trainfast.trainer.checkpoint import (
     set_rng_state,
     versions,
 )
-from trainfast.trainer.config import ConfigError
-from trainfast.trainer.distributed import gather
-
-if TYPE_CHECKING:
-    from trainfast.trainer.loop import Trainer
+from trainfast.trainer.config import ConfigError, TrainConfig
+from trainfast.trainer.distributed import DistInfo, gather
+from trainfast.trainer.loss_window import LossWindow
+from trainfast.trainer.practices import Practices
 
 log = logging.getLogger("trainfast")
+
+
+class Owner(Protocol):
+    """What of the Trainer its state is: the parts a checkpoint holds and where they go."""
+
+    config: TrainConfig
+    dist: DistInfo
+    device: torch.device
+    callbacks: list[object]
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR | None
+    scaler: LossScaler
+    practices: Practices
+    losses: LossWindow
+    epoch: int
+    step: int
+    batch: int
+    best_metric: float | None
 
 
 class TrainerState:
     """Capture, save and restore a `Trainer`'s whole training state (as a connector owned by its Trainer)."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: Owner) -> None:
         self.trainer = trainer
         self.saved_practices: dict[str, str] | None = None  # what the run a restored checkpoint came from chose
 
