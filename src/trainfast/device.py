@@ -12,6 +12,8 @@ from collections.abc import Mapping
 
 import torch
 
+from trainfast.launch import launch_env
+
 DEVICE_CHOICES = "'auto', 'cpu', 'cuda' or 'cuda:N'"
 
 
@@ -38,9 +40,9 @@ def resolve_device(spec: str, env: Mapping[str, str] | None = None) -> torch.dev
         raise ValueError(f"device={spec!r} but CUDA is not available (torch {torch.__version__}); "
                          "use device='cpu' or 'auto'")
     count = torch.cuda.device_count()
-    local_rank = env.get("LOCAL_RANK")
-    if local_rank is not None and (kind == "auto" or (spec == "cuda" and int(env.get("WORLD_SIZE", "1")) > 1)):
-        index = int(local_rank)
+    launch = launch_env(env)
+    if launch.gpu is not None and (kind == "auto" or (spec == "cuda" and launch.distributed)):
+        index = launch.gpu
         if index >= count:
             raise ValueError(
                 f"device={spec!r} means cuda:{index} under torchrun (LOCAL_RANK={index}), but this process sees "

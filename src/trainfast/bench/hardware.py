@@ -9,6 +9,7 @@ import psutil
 import torch
 
 from trainfast.host import affinity_cpus, cgroup_cpu_limit
+from trainfast.units import format_bytes
 
 
 def cpu_model() -> str:
@@ -32,4 +33,4 @@ def hardware() -> dict[str, Any]:
 
 def describe(hw: dict[str, Any]) -> str:
     gpus = ", ".join(hw["gpus"]) or "no GPU"
-    return f"{hw['cpu']}, {hw['cpus']} CPUs, {hw['memory_bytes'] / 2**30:.0f} GiB, {gpus}, torch {hw['torch']}"
+    return f"{hw['cpu']}, {hw['cpus']} CPUs, {format_bytes(hw['memory_bytes'])}, {gpus}, torch {hw['torch']}"

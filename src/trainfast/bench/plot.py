@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainfast.atomic import write_bytes
 from trainfast.bench.hardware import describe
+from trainfast.units import MIB
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -107,7 +108,7 @@ def _precision_panel(ax: Axes, report: dict[str, Any], metric: str) -> None:
     batches = sorted({r["batch_size"] for r in rows})
     precisions = list(dict.fromkeys(r["precision"] for r in rows))
     width = 0.8 / max(1, len(precisions))
-    scale = 2**20 if metric == "peak_mem_bytes" else 1.0
+    scale = MIB if metric == "peak_mem_bytes" else 1.0  # the axis is in MiB
     top = max([(r.get(metric) or 0) / scale for r in rows] + [1.0])
     for p, precision in enumerate(precisions):
         color = FP32 if precision == "32-true" else MIXED

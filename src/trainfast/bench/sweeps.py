@@ -44,6 +44,7 @@ from trainfast.trainer.clock import WARMUP_STEPS
 from trainfast.trainer.config import TrainConfig
 from trainfast.trainer.loop import Trainer
 from trainfast.trainer.step import resolve_channels_last
+from trainfast.units import format_bytes
 
 log = logging.getLogger("trainfast")
 Progress = Callable[[str], None]
@@ -249,7 +250,7 @@ def _describe_precision_row(row: dict[str, Any]) -> str:
     speed = f" ({row['speed_vs_fp32']:.2f}x fp32)" if row.get("speed_vs_fp32") and row["precision"] != "32-true" \
         else ""
     return (f"{head}: {row['samples_per_s']:,.0f} samples/s{speed}, peak memory "
-            f"{row['peak_mem_bytes'] / 2**20:,.0f} MiB ({row['mem_source']})")
+            f"{format_bytes(row['peak_mem_bytes'])} ({row['mem_source']})")
 
 
 # ---------------------------------------------------------------------------------------------- (c) naive vs trainfast

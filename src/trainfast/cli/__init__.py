@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
 
@@ -20,6 +19,7 @@ from trainfast.atomic import OutputWriteError
 from trainfast.bench.plot import PlotUnavailableError
 from trainfast.cli import bench, demo, doctor, env, pack, train, tune
 from trainfast.data.decode import CorruptImageError
+from trainfast.launch import launch_env
 from trainfast.loader.faults import LoaderError
 from trainfast.trainer.checkpoint import CheckpointError, CheckpointWriteError
 from trainfast.trainer.config import ConfigError
@@ -83,10 +83,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = next((code for kind, code in EXPECTED if isinstance(e, kind)), None)
         if code is None or args.debug:
             raise
-        if not (isinstance(e, CheckpointWriteError) and int(os.environ.get("RANK", "0")) != 0):
+        if not (isinstance(e, CheckpointWriteError) and not _is_main()):
             # every rank raises CheckpointWriteError; rank 0 says it, once
             print(f"{args.command_parser.prog}: error: {error_message(e, args)}", file=sys.stderr, flush=True)
         return code
+
+
+def _is_main() -> bool:
+    """Whether this process is rank 0 (or alone); a malformed launch environment counts as rank 0, so the error
+    being reported is still said."""
+    try:
+        return launch_env().is_main
+    except ValueError:
+        return True
 
 
 def error_message(error: Exception, args: argparse.Namespace) -> str:

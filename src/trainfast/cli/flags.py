@@ -12,6 +12,8 @@ from typing import Any
 from trainfast.data.images import OnBadSample
 from trainfast.data.packing import INDEX_NAME
 from trainfast.data.splits import ImageData, has_split, open_split
+from trainfast.loader.auto import Auto
+from trainfast.loader.options import Tuned, parse_workers
 
 # `--on-bad-sample` -> ImageFolder(on_bad_sample=...)
 ON_BAD_SAMPLE: dict[str, OnBadSample] = {"error": "raise", "skip": "skip"}
@@ -37,17 +39,13 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def workers_arg(text: str) -> int | str:
-    if text in ("auto", "tuned"):
-        return text
+def workers_arg(text: str) -> int | Auto | Tuned:
+    """`--workers` of every command that sets loader workers: `parse_workers` (the rule `make_loader` and
+    `LoaderOptions` check too), its ValueError argparse's error."""
     try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not valid; use 'auto', 'tuned' or an integer >= 0 (0 loads in the main process)")
-    return value
+        return parse_workers(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 _BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}

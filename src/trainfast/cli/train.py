@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from trainfast.cli.flags import (
 )
 from trainfast.data.models import MODELS, build_model
 from trainfast.data.synthetic import SIZES, ensure_demo_dataset
+from trainfast.launch import launch_env
 from trainfast.loader.auto import Auto
 from trainfast.loader.make import make_loader
 from trainfast.loader.seeding import seed_all
@@ -69,12 +69,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, one rank speaks
-        log.setLevel(max(log.level, logging.WARNING))
     try:
+        launch = launch_env()  # torchrun's rank and world size, or a single process
         config = TrainConfig(**config_values(args, TrainConfig))
     except ValueError as e:
         parser.error(str(e))
+    if not launch.is_main:  # under torchrun, one rank speaks
+        log.setLevel(max(log.level, logging.WARNING))
     if args.resume and not config.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir DIR (where last.pt is kept)")
     root = args.data.expanduser() if args.data else ensure_demo_dataset(args.demo_size)
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     train_loader = make_loader(train_set, args.batch_size, shuffle=True, workers=args.workers,
                                device=config.device, seed=seed)
     if len(train_loader) == 0:  # the Trainer would refuse it too, without naming the flag
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        world = launch.world_size
         per_rank = math.ceil(len(train_set) / world)
         ranks = f" ({per_rank} per rank of {world})" if world > 1 else ""
         raise ConfigError(f"--data {str(root)!r} has {len(train_set)} training image(s){ranks}, fewer than one batch "
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     summary = result.to_json() | {"skipped_samples": skipped}
     loss = f"{result.final_loss:.4f}" if result.final_loss is not None else "n/a"
     accuracy = f"{result.val_accuracy:.1%}" if result.val_accuracy is not None else "n/a"
-    if int(os.environ.get("RANK", "0")) != 0:
+    if not launch.is_main:
         return 0
     print(f"trained {result.epochs} epoch(s), {result.steps} steps: {result.samples_per_s:,.0f} samples/s, "
           f"data wait {result.data_wait_fraction:.0%}, final loss {loss}, val accuracy {accuracy}"

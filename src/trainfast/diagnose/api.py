@@ -9,8 +9,10 @@ from typing import Any
 
 from torch import nn
 
+from trainfast.diagnose.build import build_report
 from trainfast.diagnose.instrument import Instrumentation
-from trainfast.diagnose.report import Report, build_report, gain_probe
+from trainfast.diagnose.probe_hook import gain_probe
+from trainfast.diagnose.report import Report
 from trainfast.diagnose.timeline import Timeline
 from trainfast.envcheck.environment import environment, loader_settings
 from trainfast.loader.prefetch import InputTransform, move

@@ -165,3 +165,19 @@ def classify(f: Fractions, *, device: str, gpu_util: float | None = None, loader
                                    f"measured steps: {why}; {pct}{hint}")
     return Verdict("balanced", f"no single part dominates: compute {f.compute:.0%}, {', '.join(costs)}; "
                                f"{pct}{hint}")
+
+
+def no_verdict_reason(seen: dict[str, int], warmup: int) -> str:
+    """What was seen when no step was measured, and what to do."""
+    if not seen:
+        return "no training step was measured"
+    counts = (f"{seen.get('batches', 0)} batch(es) fetched, {seen.get('forwards', 0)} model forward(s), "
+              f"{seen.get('backwards', 0)} backward pass(es), {seen.get('optimizer_steps', 0)} optimizer step(s)")
+    if not seen.get("backwards") and not seen.get("optimizer_steps"):
+        return (f"no training step was seen: {counts}. A step is an optimizer.step() or, without an optimizer, a "
+                "backward pass (loss.backward() or torch.autograd.backward): is the script training (not only "
+                "evaluating), and does it reach its loop before --max-seconds? Gradients taken with torch.func "
+                "(grad, vmap) or torch.autograd.grad, with no optimizer, are not seen as steps")
+    return (f"fewer than {warmup + 1} steps ran (warm-up {warmup}): {counts}. Lower --warmup, raise --max-seconds, "
+            "or give the script more steps")
+

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from trainfast.diagnose.svg import escape, line_chart_svg, stacked_bars_svg
-from trainfast.units import format_bytes
+from trainfast.units import MIB, format_bytes
 
 NA = "n/a"
 MAX_BARS = 400  # timeline bars drawn at most; above this, each bar averages consecutive steps
@@ -26,7 +26,6 @@ VERDICT_COLOURS = {"input-bound": "#c92a2a", "transfer-bound": "#a61e8c", "host-
                    "compute-bound": "#2b8a3e", "balanced": "#1864ab"}
 NO_VERDICT_COLOUR = "#5c6370"
 SERIES_COLOURS = ("#1c7ed6", "#e8590c", "#7048e8", "#0ca678", "#d6336c", "#5c940d", "#364fc7", "#f08c00")
-MIB = 1024 * 1024
 
 CSS = """
 *{box-sizing:border-box}

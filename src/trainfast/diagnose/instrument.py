@@ -76,7 +76,7 @@ class Observations:
     jpeg_decoded_pixels: list[int] = field(default_factory=list)
     syncs: int = 0
     threads: int = 0  # torch intra-op threads when training started
-    # Filled when the measured steps end (report.py's gain_probe), not by the hooks. Here, not on the
+    # Filled when the measured steps end (probe_hook.py's gain_probe), not by the hooks. Here, not on the
     # Instrumentation: its attributes are read in every hook, and each one more slows them all (timeline.py)
     trials: Any = None  # the candidate fixes timed on the model (probe.py)
     flop_counter: FlopCounter | None = None  # counting the step after the measured ones

@@ -99,6 +99,13 @@ class Trials:
         """The trial of "amp", "channels_last" or "threads:N"."""
         return self.trials.get(key)
 
+    def thread_probe(self) -> tuple[int, float] | None:
+        """(threads, slowdown) of the fewest-threads count measured, for the loader fix that proposes it."""
+        measured = [(int(t.value), t.factor) for key, t in self.trials.items()
+                    if key.startswith("threads:") and t.factor]
+        fewest = min(measured, default=None)
+        return (fewest[0], 1 / fewest[1]) if fewest is not None else None
+
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "seconds": self.seconds, "reason": self.reason,
                 "covers": "one forward and backward of each model on its first training input (the gradient of the "

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import statistics
 import time
@@ -35,8 +34,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from trainfast.diagnose.classify import Fractions, Verdict
+from trainfast.diagnose.noise import noise_notes
 from trainfast.diagnose.recommend import Recommendation
-from trainfast.diagnose.report import Report, _noise_notes
+from trainfast.diagnose.report import Report
+from trainfast.launch import launch_env
 
 
 class StoreStop(Protocol):
@@ -208,7 +209,7 @@ def _without_siblings(report: Report, summaries: Sequence[Mapping[str, Any]],
     adjusted = contention | {"other_cores_busy_mean": max(0.0, contention["other_cores_busy_mean"] - siblings),
                              "other_cores_busy_max": max(0.0, contention["other_cores_busy_max"] - siblings),
                              "sibling_cores_busy_mean": siblings}
-    before, after = _noise_notes(None, contention), _noise_notes(None, adjusted)
+    before, after = noise_notes(None, contention), noise_notes(None, adjusted)
     at = next((i for i, n in enumerate(notes) if n in before), len(notes))
     notes[:] = [n for n in notes[:at] if n not in before] + after + [n for n in notes[at:] if n not in before]
     return adjusted
@@ -283,8 +284,8 @@ def job_report(report: Report, agreement: StoreStop | None, *, world_size: int,
 
 def _env_rank() -> int:
     try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
+        return launch_env().rank
+    except ValueError:  # a malformed launch environment: this report is still shown, as rank 0's
         return 0
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from trainfast.diagnose.classify import DATA_WAIT_BOUND, HOST_BOUND, REPLAY_POSSIBLE
 from trainfast.diagnose.evidence import Evidence, LoaderStats
 from trainfast.diagnose.probe import MARGIN
+from trainfast.units import MIB, format_bytes
 
 # Mixed precision on tensor cores; NVIDIA reports 2.6x for ResNet-50 training on an A100. Use a
 # conservative 2x for the compute part of an unknown model.
@@ -393,9 +394,9 @@ def shm_size(e: Evidence) -> Recommendation | None:
         return None
     return Recommendation(
         "shm_size", "Give /dev/shm more room",
-        f"{loader.num_workers} workers x prefetch {loader.prefetch_factor or 2} x {loader.batch_bytes / 2**20:.1f} MiB "
-        f"batches need ~{need / 2**20:.0f} MiB of shared memory with margin; /dev/shm has {e.shm_bytes / 2**20:.0f} "
-        "MiB free (a full /dev/shm kills workers with a bus error)",
+        f"{loader.num_workers} workers x prefetch {loader.prefetch_factor or 2} x {format_bytes(loader.batch_bytes)} "
+        f"batches need ~{format_bytes(need)} of shared memory with margin; /dev/shm has {format_bytes(e.shm_bytes)} "
+        "free (a full /dev/shm kills workers with a bus error)",
         "docker run --shm-size=8g ...  (or --ipc=host); or fewer workers / a lower prefetch_factor", None,
         basis_reason="a fix against a crash, not for speed")
 
@@ -425,7 +426,7 @@ def decode_size(e: Evidence) -> Recommendation | None:
 
 
 # Worker memory growing faster than this while measuring is not a cache warming up.
-COPY_ON_READ_BYTES_PER_MIN = 100 * 2**20
+COPY_ON_READ_BYTES_PER_MIN = 100 * MIB
 
 
 def copy_on_read(e: Evidence) -> Recommendation | None:
@@ -435,7 +436,7 @@ def copy_on_read(e: Evidence) -> Recommendation | None:
         return None
     return Recommendation(
         "copy_on_read", "Keep the dataset's per-sample lists in numpy arrays, not Python lists",
-        f"the {loader.num_workers} loader workers' private memory grew by {growth / 2**20:,.0f} MiB per minute while "
+        f"the {loader.num_workers} loader workers' private memory grew by {format_bytes(growth)} per minute while "
         "measuring: reading a Python list of objects touches their refcounts, so each worker gradually copies the "
         "parent's pages (pytorch#13246); long runs end in an out-of-memory kill",
         "self.paths = np.array(paths, dtype=bytes)  # or one bytes buffer + offsets; as trainfast.ImageFolder does",

@@ -53,11 +53,14 @@ from typing import Any
 
 import torch
 
+from trainfast.diagnose.build import build_report
 from trainfast.diagnose.instrument import Instrumentation, Observations
+from trainfast.diagnose.probe_hook import gain_probe
 from trainfast.diagnose.ranks import job_report
-from trainfast.diagnose.report import Report, build_report, gain_probe
+from trainfast.diagnose.report import Report
 from trainfast.diagnose.timeline import MEASURE, StopMeasuring, Timeline
 from trainfast.envcheck.environment import environment, preflight
+from trainfast.launch import launch_env
 from trainfast.monitor import Monitor
 from trainfast.oom import advice, first_line, fragmented, is_oom, memory_at_oom, requested_bytes
 from trainfast.trainer.distributed import RELEASE_S
@@ -154,8 +157,8 @@ def launched_ranks(env: Mapping[str, str] | None = None) -> int:
     hand, for a script that initialises a process group from the environment, is one)."""
     env = os.environ if env is None else env
     try:
-        world = int(env.get("WORLD_SIZE", "1"))
-    except ValueError:
+        world = launch_env(env).world_size
+    except ValueError:  # malformed: the script's own launch fails with its own message, not the doctor's
         world = 1
     return world if "TORCHELASTIC_RUN_ID" in env or world > 1 else 0
 
@@ -168,7 +171,7 @@ def rank_agreement(env: Mapping[str, str] | None = None) -> StoreStop | None:
     if launched_ranks(env) < 2 or not torch.distributed.is_available():
         return None
     try:
-        host, port, rank = env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["RANK"])
+        host, port, rank = env["MASTER_ADDR"], int(env["MASTER_PORT"]), launch_env(env).rank
     except (KeyError, ValueError) as e:
         log.warning("doctor: %d ranks but no store to agree on a stop step through (%s: %s): each rank stops on "
                     "its own clock", launched_ranks(env), type(e).__name__, e)

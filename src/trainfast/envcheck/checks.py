@@ -17,13 +17,11 @@ import torch
 
 from trainfast.envcheck.handles import find_handles
 from trainfast.host import usable_cpus
-from trainfast.units import format_bytes
+from trainfast.units import MIB, format_bytes
 
 Status = Literal["ok", "warn", "fail", "info"]
 STATUSES: tuple[Status, ...] = ("ok", "warn", "fail", "info")
 
-MIB = 2**20
-GIB = 2**30
 # Below this, /dev/shm is too small for DataLoader workers (Docker gives containers 64 MiB by default).
 TINY_SHM_BYTES = 256 * MIB
 # With workers, each shared tensor costs a file descriptor under the default sharing strategy.

@@ -174,7 +174,7 @@ def checkpoint_preflight(folder: str | Path, checkpoint_bytes: int, keep: int, h
 # --- the bug-report block ----------------------------------------------------------------------------------
 
 
-def _gib(n: Any) -> str:
+def _bytes(n: Any) -> str:
     return format_bytes(n) if isinstance(n, (int, float)) and not isinstance(n, bool) else "unknown"
 
 
@@ -196,7 +196,7 @@ def bug_report_block(env: dict[str, Any]) -> str:
         f"platform: {get('platform')}",
         f"CPUs: {get('usable_cpus')} usable (os.cpu_count {get('cpu_count')}, affinity {get('cpu_affinity')}, "
         f"cgroup quota {'none' if quota is None else f'{quota:g}'})",
-        f"memory: {_gib(env.get('memory_bytes'))} | /dev/shm free: {_gib(env.get('shm_bytes'))}",
+        f"memory: {_bytes(env.get('memory_bytes'))} | /dev/shm free: {_bytes(env.get('shm_bytes'))}",
     ]
     devices = env.get("gpus") or []
     if not devices:
@@ -204,7 +204,7 @@ def bug_report_block(env: dict[str, Any]) -> str:
     for gpu in devices:
         cap = gpu.get("capability") or ["?", "?"]
         lines.append(f"GPU {gpu.get('index')}: {gpu.get('name')} (sm_{cap[0]}{cap[1]}, "
-                     f"{_gib(gpu.get('memory_bytes'))})")
+                     f"{_bytes(gpu.get('memory_bytes'))})")
     order = {"fail": 0, "warn": 1, "info": 2}
     flagged = sorted((c for c in env.get("checks") or [] if c.get("status") != "ok"),
                      key=lambda c: order.get(c.get("status"), 3))

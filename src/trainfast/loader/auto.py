@@ -63,6 +63,9 @@ def plan_loader(*, workers: int | Auto, pin_memory: bool | Auto, prefetch_factor
     """Resolve every "auto" for a loader feeding `target` ("cpu" or "cuda") from `cpus` usable CPUs.
 
     `on_device`: the data is in-memory tensors that all live on an accelerator already (nothing to copy).
+    `devices`: the devices `cpus` is shared among. `resolve_loader` passes this process's share already
+    (`LaunchEnv.cpus_per_process`: one device per process under torchrun), hence the default 1; a caller with the
+    whole machine's CPUs and several devices fed from one process passes their number. No environment is read here.
     """
     reasons: list[str] = []
     if workers != "auto":

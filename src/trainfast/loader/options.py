@@ -33,6 +33,37 @@ def is_int(value: Any, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
+# The workers setting, for `make_loader(workers=)`, `LoaderOptions` and every command's `--workers` alike
+WORKER_WORDS = ("auto", "tuned")
+WORKERS_VALID = "'auto', 'tuned' or an integer >= 0 (0 loads in the main process)"
+
+
+def is_workers(value: Any) -> bool:
+    """A valid workers setting: "auto", "tuned" or an int (not a bool) >= 0."""
+    return value in WORKER_WORDS or is_int(value, 0)
+
+
+def check_workers(value: Any) -> None:
+    """ValueError `workers=<value> is not valid; use <the choices>` unless `value` is a workers setting."""
+    check_choice("workers", value, is_workers(value), WORKERS_VALID)
+
+
+def parse_workers(text: str) -> int | Auto | Tuned:
+    """A workers setting written as text (a command line's `--workers`): "auto", "tuned" or the integer it spells;
+    ValueError `'<text>' is not valid; use <the choices>` otherwise."""
+    if text == "auto":
+        return "auto"
+    if text == "tuned":
+        return "tuned"
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not is_workers(value):
+        raise ValueError(f"{text!r} is not valid; use {WORKERS_VALID}")
+    return value
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoaderOptions:
     """How `make_loader` should load: "auto" settings are resolved later, against the data and this machine.
@@ -77,8 +108,7 @@ class LoaderOptions:
         "drawn from trainfast.loader.seeding.batch_rngs())", choices=("processes", "threads")))
 
     def __post_init__(self) -> None:
-        check_choice("workers", self.workers, self.workers in ("auto", "tuned") or is_int(self.workers, 0),
-                     "'auto', 'tuned' or an integer >= 0")
+        check_workers(self.workers)
         check_choice("prefetch_factor", self.prefetch_factor,
                      self.prefetch_factor == "auto" or is_int(self.prefetch_factor, 1), "'auto' or an integer >= 1")
         check_choice("backend", self.backend, self.backend in ("processes", "threads"), "'processes' or 'threads'")

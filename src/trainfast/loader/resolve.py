@@ -4,7 +4,6 @@ a `LoaderResolution`, the plan and all `build_loader` needs. Nothing is built an
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
@@ -15,6 +14,7 @@ from torch.utils.data import Dataset, TensorDataset
 from trainfast.device import device_kind
 from trainfast.envcheck.environment import tensors_batch_bytes
 from trainfast.host import available_cpus
+from trainfast.launch import launch_env
 from trainfast.loader import faults
 from trainfast.loader.auto import LoaderPlan, plan_loader
 from trainfast.loader.faults import fit_shared_memory
@@ -56,22 +56,24 @@ def resolve_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: i
                    options: LoaderOptions | None = None) -> LoaderResolution:
     """Every "auto" of `options` resolved for `dataset` on this machine; builds no DataLoader, starts no worker.
 
-    Reads from the environment: `RANK` and `WORLD_SIZE` (torchrun's; 0 and 1 without them) where `options`
-    leaves rank/world_size None; `LOCAL_WORLD_SIZE` (processes sharing this machine's CPUs) and the CPUs this
-    process may use; with `device="auto"`, whether CUDA is available; with `workers="tuned"`, `trainfast tune`'s
-    result in the cache (its workers and threads scaled to this process's share of the CPUs); with workers, the
-    free space of /dev/shm (prefetch_factor is lowered to fit, and a `LoaderError` is raised if even 1 cannot).
-    Invalid input raises ValueError or TypeError, as `make_loader`.
+    Reads from the environment: the launch (`launch_env`): `RANK` and `WORLD_SIZE` (torchrun's; 0 and 1 without
+    them) where `options` leaves rank/world_size None, `LOCAL_WORLD_SIZE` (processes sharing this machine's CPUs);
+    the CPUs this process may use; with `device="auto"`, whether CUDA is available; with `workers="tuned"`,
+    `trainfast tune`'s result in the cache (its workers and threads scaled to this process's share of the CPUs);
+    with workers, the free space of /dev/shm (prefetch_factor is lowered to fit, and a `LoaderError` is raised if
+    even 1 cannot).
+    Invalid input raises ValueError or TypeError, as `make_loader` (a malformed launch variable: ValueError too).
     """
     check_batch_size(batch_size)
     options = options if options is not None else LoaderOptions()
     target = _target_type(options.device)
-    rank = int(os.environ.get("RANK", 0)) if options.rank is None else options.rank
-    world_size = int(os.environ.get("WORLD_SIZE", 1)) if options.world_size is None else options.world_size
+    launch = launch_env()
+    rank = launch.rank if options.rank is None else options.rank
+    world_size = launch.world_size if options.world_size is None else options.world_size
     # torchrun starts one process per device; they share this machine's CPUs.
-    local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    local_procs = launch.local_world_size
     machine_cpus = available_cpus()
-    cpus = max(1, machine_cpus // local_procs)
+    cpus = launch.cpus_per_process(machine_cpus)
 
     tensors = _in_memory_tensors(dataset)
     if tensors is None and not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):

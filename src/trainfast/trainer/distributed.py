@@ -14,7 +14,7 @@ too. Every rank creates its groups in the same order, so the numbers match.
 
 SLURM without torchrun: `srun python train.py` starts SLURM_STEP_NUM_TASKS copies of the script with SLURM's
 variables but no RANK / WORLD_SIZE; each would train alone into the same checkpoint folder. `check_launch`
-refuses that (see its rule) instead of guessing a rendezvous address.
+(trainfast.launch, where every launch variable is read) refuses that instead of guessing a rendezvous address.
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainfast.launch import check_launch, launch_env, own_group_local_rank, restart_count
+
 log = logging.getLogger("trainfast")
 TIMEOUT = timedelta(minutes=10)  # a collective that waits longer than this means a peer is gone
 RELEASE_S = 0.05  # see process_group: time for the collective threads to let go of Python's tensors
 _groups_created = itertools.count()  # process groups this process created: their store prefixes
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE")
 
 
 @dataclass(frozen=True)
@@ -55,39 +56,17 @@ class DistInfo:
         return self.rank == 0
 
 
-def check_launch(env: Mapping[str, str]) -> None:
-    """Refuse an `srun` step of several tasks that torchrun did not start: ValueError saying how to launch (the
-    Trainer raises it as a ConfigError).
-
-    The rule: srun sets SLURM_STEP_NUM_TASKS in every task of a step; torchrun sets RANK and WORLD_SIZE in every
-    process it starts. More than one task in the step and neither variable set means each task would train on its
-    own. A script run directly in an sbatch or salloc shell is no step (SLURM_NTASKS may say 4 there, but only this
-    one process runs) and neither is a one-task step (`srun --pty bash`): both train as one process.
-    """
-    tasks = env.get("SLURM_STEP_NUM_TASKS", "1")
-    if not tasks.isdigit() or int(tasks) <= 1 or any(name in env for name in TORCHRUN_VARS):
-        return
-    procid = env.get("SLURM_PROCID", "?")
-    raise ValueError(
-        f"this process is task {procid} of {tasks} that srun started (SLURM_STEP_NUM_TASKS={tasks}, SLURM_PROCID="
-        f"{procid}), but RANK and WORLD_SIZE are not set: each task would train the whole model on its own into the "
-        "same checkpoint folder. Launch one torchrun per node, which starts one process per GPU: "
-        "`srun --ntasks-per-node=1 torchrun --nnodes=$SLURM_NNODES --nproc-per-node=G "
-        "--rdzv-backend=c10d --rdzv-endpoint=$(scontrol show hostnames | head -n1):29500 train.py` "
-        "(or `-m trainfast train ...`); or set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT in each "
-        "task yourself; or, for one process, run the script without srun or with `srun --ntasks=1`")
-
-
-def dist_info(env: dict[str, str] | None = None) -> DistInfo:
-    """The torchrun environment (all defaults without it), or the process group the user already initialised;
-    ValueError for a launch that is no torchrun's but starts several copies (`check_launch`)."""
-    env = dict(os.environ) if env is None else env
+def dist_info(env: Mapping[str, str] | None = None) -> DistInfo:
+    """The launch environment (`launch_env`: all defaults without torchrun), or the process group the user already
+    initialised; ValueError for a launch that is no torchrun's but starts several copies (`check_launch`), or for a
+    malformed launch variable."""
+    restart = restart_count(env)
     if dist_initialized():  # the user's own set-up (e.g. from SLURM's variables): its rank and size, as fit uses it
-        return DistInfo(rank=dist.get_rank(), local_rank=int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", 0))),
-                        world_size=dist.get_world_size(), restart=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
+        return DistInfo(rank=dist.get_rank(), local_rank=own_group_local_rank(env),
+                        world_size=dist.get_world_size(), restart=restart)
     check_launch(env)
-    return DistInfo(rank=int(env.get("RANK", 0)), local_rank=int(env.get("LOCAL_RANK", 0)),
-                    world_size=int(env.get("WORLD_SIZE", 1)), restart=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
+    launch = launch_env(env)
+    return DistInfo(rank=launch.rank, local_rank=launch.local_rank, world_size=launch.world_size, restart=restart)
 
 
 def _store(info: DistInfo, group: int) -> Any:

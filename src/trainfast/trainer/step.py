@@ -158,7 +158,8 @@ class PreparedStep:
     def __call__(self, batch: Any, loss_of: LossOf = default_batch_loss, *, grad_clip: float | None = None,
                  model: nn.Module | None = None) -> torch.Tensor:
         """forward_backward, then optimizer_step; `model` runs the forward instead (a compiled wrapper of it)."""
-        loss = forward_backward(model or self.model, batch, loss_of, self.precision.autocast(), self.scaler)
+        loss = forward_backward(self.model if model is None else model, batch, loss_of, self.precision.autocast(),
+                                self.scaler)
         optimizer_step(self.optimizer, self.scaler, self.params, grad_clip)
         return loss
 

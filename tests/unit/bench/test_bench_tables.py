@@ -66,7 +66,7 @@ def test_versus_line_and_skips() -> None:
 def test_markdown_has_both_tables_the_machine_and_the_command() -> None:
     text = to_markdown(report())
     assert "`trainfast bench --quick`" in text
-    assert "Test CPU, 2 CPUs, 24 GiB, no GPU, torch 2.13.0+cpu" in text
+    assert "Test CPU, 2 CPUs, 24.0 GiB, no GPU, torch 2.13.0+cpu" in text
     assert "| num_workers | threads | epoch time | samples/s | data wait | CPU util |" in text
     assert "| --- | --- | --- | --- | --- | --- |" in text
     assert "| **2** | **1** | **1.33 s** | **1,200** | **20%** | **70%** |" in text

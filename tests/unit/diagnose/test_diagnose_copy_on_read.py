@@ -15,7 +15,7 @@ import pytest
 from trainfast.diagnose import run_doctor
 from trainfast.monitor import Monitor, sources
 
-report_module = importlib.import_module("trainfast.diagnose.report")  # `trainfast.diagnose` hides the subpackage
+measured_module = importlib.import_module("trainfast.diagnose.measured")  # `trainfast.diagnose` hides the subpackage
 
 MIB = 2**20
 
@@ -87,7 +87,7 @@ def doctor(script: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, step
            seconds: float = 60.0) -> tuple[dict[str, Any], dict[str, Any]]:
     """The report and what the rule read: the growth figure and the monitor's worker series."""
     seen: dict[str, Any] = {}
-    measure = report_module._worker_private_growth
+    measure = measured_module.worker_private_growth
 
     def spy(monitor: Monitor | None, measuring_from: float | None) -> float | None:
         seen["growth"] = growth = measure(monitor, measuring_from)
@@ -96,7 +96,7 @@ def doctor(script: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, step
             seen["series"] = {m: monitor.series(m) for m in monitor.metrics() if m.startswith("workers.")}
         return growth
 
-    monkeypatch.setattr(report_module, "_worker_private_growth", spy)
+    monkeypatch.setattr(measured_module, "worker_private_growth", spy)
     # A private-memory pass at every sample: at the default 1 % of the CPU, workers this size on this loaded
     # 2-core machine are read every 1-2 s, and a short test run would get too few points to tell.
     monkeypatch.setattr(sources, "PRIVATE_CPU_SHARE", 0.25)

@@ -20,9 +20,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from trainfast.diagnose.build import build_report
 from trainfast.diagnose.devicetime import DeviceTimer
 from trainfast.diagnose.instrument import Instrumentation
-from trainfast.diagnose.report import _evidence, build_report
+from trainfast.diagnose.measured import evidence_of
 from trainfast.diagnose.timeline import Timeline
 from trainfast.monitor import Monitor, NvmlSource
 
@@ -297,7 +298,7 @@ def cuda_evidence(index: int) -> Any:
     timeline = Timeline(warmup_steps=0)
     inst = Instrumentation(timeline)
     inst.observed.device, inst.observed.device_index = "cuda", index
-    return _evidence(timeline, inst, [], final=True)
+    return evidence_of(timeline, inst, [], final=True)
 
 
 def test_bf16_and_peak_memory_are_the_model_device(fake_cuda: FakeCuda) -> None:

@@ -10,7 +10,8 @@ from rich.console import Console
 
 from trainfast.diagnose import run_doctor
 from trainfast.diagnose.classify import Verdict
-from trainfast.diagnose.report import _with_peak, compute_line
+from trainfast.diagnose.mfu import with_peak
+from trainfast.diagnose.terminal import compute_line
 
 LOOP = """
 import torch
@@ -59,10 +60,10 @@ def test_a_compiled_model_is_not_counted_and_says_why(tmp_path: Path) -> None:
                                            (0.3, "between the two")])
 def test_a_compute_bound_verdict_says_how_far_from_the_peak(mfu: float, says: str) -> None:
     compute = {"mfu": mfu, "peak_source": "table: NVIDIA H100 SXM, dense bf16", "peak_precision": "bf16"}
-    verdict = _with_peak(Verdict("compute-bound", "the GPU takes 95% of each step"), compute)
+    verdict = with_peak(Verdict("compute-bound", "the GPU takes 95% of each step"), compute)
     assert says in verdict.reason and f"{mfu:.0%} of a datasheet's bf16 peak" in verdict.reason
-    assert _with_peak(Verdict("input-bound", "x"), compute).reason == "x"  # only compute-bound needs it
+    assert with_peak(Verdict("input-bound", "x"), compute).reason == "x"  # only compute-bound needs it
     over = {"mfu": None, "mfu_error": "achieved 1.3x the peak: the table is wrong", "flops_per_step": 10,
             "achieved_flops_per_s": 1e12, "peak_flops_per_s": 1e12, "peak_source": "table"}
-    assert _with_peak(Verdict("compute-bound", "y"), over).reason == "y"  # an MFU over 1 is never a fact
+    assert with_peak(Verdict("compute-bound", "y"), over).reason == "y"  # an MFU over 1 is never a fact
     assert "MFU not reported: achieved 1.3x" in compute_line(over)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from trainfast.diagnose import noise
+from trainfast.diagnose.build import build_report
 from trainfast.diagnose.instrument import Instrumentation
-from trainfast.diagnose.report import _contention, _noise_notes, _spread, build_report
 from trainfast.diagnose.timeline import StepRecord, Timeline
 
 
@@ -31,12 +32,12 @@ def step(total: float) -> StepRecord:
 def test_the_spread_of_the_issue_run_is_flagged() -> None:
     """7 of 20 steps took 1.2-7.1 s, 13 took 0.2 s: the median alone would say 219 ms."""
     slow = [1.2, 2.0, 3.1, 4.4, 5.0, 6.2, 7.1]
-    spread = _spread([step(0.219)] * 13 + [step(s) for s in slow])
+    spread = noise.spread([step(0.219)] * 13 + [step(s) for s in slow])
     assert spread is not None and spread["p50"] == pytest.approx(0.219) and spread["p90"] > 5
-    [note] = _noise_notes(spread, None)
+    [note] = noise.noise_notes(spread, None)
     assert "vary widely" in note and "p50 219.0 ms" in note and "unreliable" in note
-    assert _noise_notes(_spread([step(0.2), step(0.21), step(0.22)]), None) == []
-    assert _spread([]) is None
+    assert noise.noise_notes(noise.spread([step(0.2), step(0.21), step(0.22)]), None) == []
+    assert noise.spread([]) is None
 
 
 def test_other_processes_cpu_is_what_the_cores_did_beyond_this_process() -> None:
@@ -45,12 +46,12 @@ def test_other_processes_cpu_is_what_the_cores_did_beyond_this_process() -> None
         "cpu.percent": [(0.5, 10.0), (1.5, 90.0), (2.5, 90.0)], "cpu0.percent": [(0.5, 0.0)],
         "cpu1.percent": [(0.5, 0.0)], "proc.cpu_percent": [(0.5, 0.0), (1.5, 60.0), (2.5, 60.0)],
         "workers.cpu_percent": [(0.5, 0.0), (1.5, 20.0), (2.5, 20.0)]})
-    found = _contention(monitor, measuring_from=1001.0)  # the sample at 0.5 s was warm-up
+    found = noise.contention(monitor, measuring_from=1001.0)  # the sample at 0.5 s was warm-up
     assert found is not None and found["cores"] == 2 and found["samples"] == 2
     assert found["other_cores_busy_mean"] == pytest.approx(1.0)
-    [note] = _noise_notes(None, found)
+    [note] = noise.noise_notes(None, found)
     assert "other processes kept 1.0 of 2 cores busy" in note
-    assert _contention(monitor, measuring_from=None) is None and _contention(None, 1001.0) is None
+    assert noise.contention(monitor, measuring_from=None) is None and noise.contention(None, 1001.0) is None
 
 
 def test_nothing_measured_gives_null_figures_and_says_what_was_seen() -> None:

@@ -95,7 +95,7 @@ def test_a_cuda_snapshot_with_cached_blocks_names_expandable_segments(
     # the paragraph (the run line above it quotes torch's whole message, its generic hint included)
     paragraph = printed[printed.index("the script ran out of memory"):printed.index("verdict:")]
     assert paragraph.startswith("the script ran out of memory at step 7 on cpu: CUDA out of memory.")
-    assert "1.00 GiB allocated by tensors" in paragraph and "of 16.00 GiB" in paragraph
+    assert "1.0 GiB allocated by tensors" in paragraph and "reserved by torch, of 16.0 GiB" in paragraph
     assert ("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in paragraph) is fragmented
     run = run_doctor(str(script(tmp_path, CUDA_OOM)), steps=10, warmup=1)
     oom = run.report.to_json()["oom"]
@@ -120,7 +120,7 @@ def test_an_oom_before_the_first_step_says_so(tmp_path: Path) -> None:
     oom = report.to_json()["oom"]
     assert oom["step"] is None and oom["device"] is None  # no model seen, no CUDA work done
     assert report.verdict is None
-    from trainfast.diagnose.report import oom_paragraph
+    from trainfast.diagnose.terminal import oom_paragraph
     assert oom_paragraph(oom).startswith("the script ran out of memory before its first training step: CUDA out")
 
 

@@ -17,9 +17,10 @@ from trainfast.cli.doctor import render_report
 from trainfast.diagnose import ranks
 from trainfast.diagnose.classify import Fractions, classify
 from trainfast.diagnose.html import render_html
+from trainfast.diagnose.noise import noise_notes
 from trainfast.diagnose.ranks import STRAGGLER_SHARE, gather, job_figures, job_report, merge, rank_summary, send
 from trainfast.diagnose.recommend import Recommendation
-from trainfast.diagnose.report import Report, _noise_notes
+from trainfast.diagnose.report import Report
 from trainfast.diagnose.runner import StoreStop
 from trainfast.diagnose.timeline import StepRecord
 
@@ -149,7 +150,7 @@ def test_the_other_ranks_here_are_not_other_processes() -> None:
     """Rank 0's monitor counts rank 1's CPU use (on the same machine) among other processes."""
     contention = {"other_cores_busy_mean": 0.8, "other_cores_busy_max": 1.0, "cores": 2, "samples": 3,
                   "own_cores_busy_mean": 0.9}
-    before = _noise_notes(None, contention)
+    before = noise_notes(None, contention)
     assert before and "other processes kept 0.8 of 2 cores busy" in before[0]
     first = report(contention=contention, notes=["first", *before, "last"])
     second = report(contention=contention | {"own_cores_busy_mean": 0.7})
@@ -165,7 +166,7 @@ def test_the_other_ranks_here_are_not_other_processes() -> None:
 
 def test_a_sibling_adjusted_contention_note_says_so() -> None:
     contention = {"other_cores_busy_mean": 1.5, "other_cores_busy_max": 2.0, "cores": 4, "samples": 3}
-    [note] = _noise_notes(None, contention | {"sibling_cores_busy_mean": 0.9})
+    [note] = noise_notes(None, contention | {"sibling_cores_busy_mean": 0.9})
     assert note.startswith("other processes (not counting this job's other ranks here, 0.9 cores) kept 1.5 of 4")
 
 

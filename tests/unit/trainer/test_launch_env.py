@@ -63,7 +63,8 @@ def test_cuda_under_torchrun_is_the_local_ranks_gpu(two_gpus: pytest.MonkeyPatch
 
 @pytest.mark.parametrize("spec", ["auto", "cuda"])
 def test_a_local_rank_beyond_the_visible_gpus_names_it_and_the_fix(two_gpus: pytest.MonkeyPatch, spec: str) -> None:
-    env = TORCHRUN_2 | {"LOCAL_RANK": "3", "RANK": "3", "WORLD_SIZE": "4", "CUDA_VISIBLE_DEVICES": "0,1"}
+    env = TORCHRUN_2 | {"LOCAL_RANK": "3", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4",
+                        "CUDA_VISIBLE_DEVICES": "0,1"}  # 4 processes on a machine with 2 GPUs
     with pytest.raises(ValueError) as info:
         resolve_device(spec, env)
     assert str(info.value) == (

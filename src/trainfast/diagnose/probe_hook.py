@@ -1,0 +1,85 @@
+"""The probes' hook on the timeline: when the measured steps end, the candidate fixes are timed on the script's own
+model (probe.py), with the thread counts a loader fix would leave the model, and the next step's FLOPs counted."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from trainfast.diagnose.instrument import Instrumentation
+from trainfast.diagnose.measured import bf16_native, device_of, evidence_of
+from trainfast.diagnose.probe import BUDGET_SHARE, MAX_PROBE_S, Trials, candidates, run_trials
+from trainfast.diagnose.recommend import num_workers
+from trainfast.diagnose.timeline import MEASURE, Timeline
+from trainfast.flops import FlopCounter
+from trainfast.host import available_cpus
+from trainfast.trainer.settings import torch_settings
+
+# One step after the measured ones, its FLOPs counted (FlopCounterMode slows it: it is not among the measured)
+FLOPS_PHASE = "flops"
+
+
+def gain_probe(timeline: Timeline, instrumentation: Instrumentation) -> Callable[[str], None]:
+    """A `Timeline.on_phase_end`: when the measured steps end, time the candidate fixes on the script's own model
+    and first training input (probe.py), within `BUDGET_SHARE` of the budget left (the timeline's deadline) and
+    `MAX_PROBE_S` (the time is the doctor's, not the script's: `Timeline.pause`); then count the FLOPs of the next
+    step, whole, as the script runs it. Not for a compiled model: it would recompile under the counting mode. Every
+    rank of a job decides alike (on whether the model is compiled, not on a timing), so all take the same steps."""
+    def on_phase_end(phase: str) -> None:
+        if phase == FLOPS_PHASE and instrumentation.observed.flop_counter is not None:
+            instrumentation.observed.flops_per_step = instrumentation.observed.flop_counter.stop()
+            instrumentation.observed.flop_counter = None
+            return
+        if phase != MEASURE or instrumentation.observed.trials is not None:
+            return
+        _time_candidates()
+        if instrumentation.observed.compiled_model or instrumentation.observed.dynamo_at_end.get("frames", 0) > \
+                instrumentation.observed.dynamo_at_start.get("frames", 0):
+            instrumentation.observed.flops_reason = "the model is compiled: counting would make torch.compile recompile"
+            return
+        timeline.add_phase(FLOPS_PHASE, warmup=0, steps=1)
+        instrumentation.observed.flop_counter = FlopCounter().start()
+
+    def _time_candidates() -> None:
+        calls = list(instrumentation.last_calls.values())
+        if not calls:
+            instrumentation.observed.trials = Trials(reason="no training forward of a model was seen")
+            return
+        started = time.perf_counter()
+        left = MAX_PROBE_S if timeline.deadline is None else max(0.0, timeline.deadline - started)
+        observed = instrumentation.observed
+        index = observed.device_index
+        device = torch.device(device_of(observed)) if index is None else torch.device(device_of(observed), index)
+        threads = torch.get_num_threads()  # the script's, now
+        counts = {available_cpus()} | ({fewer} if (fewer := proposed_threads(timeline, instrumentation)) else set())
+        tried, skipped = candidates(device=device, autocast=tuple(sorted(observed.autocast)),
+                                    parameter_dtypes=observed.parameter_dtypes,
+                                    bf16_native=bf16_native(device.type, observed.device_index),
+                                    nchw_convs=observed.conv_weights - observed.conv_weights_channels_last,
+                                    threads=threads, thread_counts=tuple(sorted(counts)))
+        instrumentation.paused = True
+        try:
+            with torch_settings():  # (a candidate's thread count is put back)
+                trials = run_trials(calls, tried, base_autocast=tuple(observed.autocast),
+                                    budget_s=min(MAX_PROBE_S, BUDGET_SHARE * left))
+        finally:
+            instrumentation.paused = False
+            timeline.pause(time.perf_counter() - started)
+        trials.trials = skipped | trials.trials
+        instrumentation.observed.trials = trials
+    return on_phase_end
+
+
+def proposed_threads(timeline: Timeline, instrumentation: Instrumentation) -> int | None:
+    """The intra-op thread count the num_workers fix would propose on the CPU, if below the current one."""
+    records = timeline.records
+    if not records:
+        return None
+    evidence = evidence_of(timeline, instrumentation, records)
+    fix = num_workers(evidence) if evidence.device == "cpu" else None
+    threads = (fix.overrides or {}).get("threads") if fix is not None else None
+    if threads is None or threads >= evidence.threads:
+        return None
+    return int(threads)
