@@ -137,6 +137,15 @@ def write_failure(error: BaseException) -> WriteFailure | None:
     return None
 
 
+def as_write_failure(error: BaseException) -> WriteFailure:
+    """`write_failure(error)`, called in an `except` block; `error` is raised again when it is no failed write (a
+    bug keeps its traceback)."""
+    failure = write_failure(error)
+    if failure is None:
+        raise error
+    return failure
+
+
 def _chained_os_error(error: BaseException) -> OSError | None:
     seen: set[int] = set()
     link = error.__cause__ or error.__context__
@@ -187,9 +196,7 @@ def write_output(path: str | Path, content: str | bytes, *, what: str, outcome: 
     try:
         return write_bytes(path, data)
     except Exception as e:
-        failure = write_failure(e)
-        if failure is None:
-            raise
+        failure = as_write_failure(e)
         folder = str(path.parent)
         raise OutputWriteError(describe_write_failure(
             path, len(data), failure, outcome, what=what,

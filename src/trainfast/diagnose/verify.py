@@ -42,7 +42,7 @@ from unittest import mock
 import torch
 from torch.utils.data import DataLoader
 
-from trainfast.atomic import write_failure, write_json
+from trainfast.atomic import as_write_failure, write_json
 from trainfast.diagnose.recommend import Recommendation
 from trainfast.diagnose.runner import launched_ranks
 from trainfast.trainer.settings import set_tf32, torch_settings
@@ -236,9 +236,7 @@ def _run_child(label: str, overrides: Mapping[str, Any] | None, spec: dict[str, 
     try:
         write_json(spec_path, spec | {"overrides": dict(overrides or {}), "out": str(out)})
     except Exception as e:
-        failure = write_failure(e)
-        if failure is None:
-            raise
+        failure = as_write_failure(e)
         run["error"] = (f"not run: its spec could not be written in {str(workdir)!r} ({failure}); free space "
                         "there or set TMPDIR to a folder with room")
         return run

@@ -29,7 +29,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from trainfast.atomic import TEMP_PREFIX, WriteFailure, atomic_copy, atomic_write, write_failure
+from trainfast.atomic import TEMP_PREFIX, WriteFailure, as_write_failure, atomic_copy, atomic_write
 from trainfast.atomic import describe_write_failure as describe_failed_write
 from trainfast.envcheck.checks import Check
 from trainfast.envcheck.environment import checkpoint_preflight
@@ -151,9 +151,7 @@ def save_checkpoint(state: dict[str, Any], path: Path, keep: int) -> Path:
     except BaseException as e:
         with contextlib.suppress(OSError):  # the renames failed too: resume still finds the newest kept file
             unrotate(path, keep)
-        failure = write_failure(e)
-        if failure is None:
-            raise
+        failure = as_write_failure(e)
         previous = resume_point(path, keep)
         outcome = (f"Training stopped; the last intact checkpoint is {str(previous)!r}: resume from it "
                    "(resume=True / --resume) once there is room" if previous is not None else
@@ -170,9 +168,7 @@ def copy_best(last: Path, best: Path) -> Path | None:
     try:
         return atomic_copy(last, best)
     except Exception as e:
-        failure = write_failure(e)
-        if failure is None:
-            raise
+        failure = as_write_failure(e)
         kept = "keeps the previous best" if best.is_file() else "was not written"
         log.warning("%s", describe_write_failure(
             best, _size(last), failure,

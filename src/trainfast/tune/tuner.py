@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from trainfast.atomic import write_failure
+from trainfast.atomic import as_write_failure
 from trainfast.device import DeviceClock
 from trainfast.host import available_cpus
 from trainfast.loader.auto import threads_beside_workers
@@ -138,9 +138,7 @@ def _cache(result: TuneResult) -> None:
     try:
         path = cache.save(result)
     except Exception as e:
-        failure = write_failure(e)
-        if failure is None:
-            raise
+        failure = as_write_failure(e)
         log.warning("tune: could not cache the choice in %s (%s): workers=\"tuned\" will not find it. Free space "
                     "there, or set TRAINFAST_CACHE to a writable folder, and tune again", cache_path(result.key),
                     failure)
