@@ -7,6 +7,7 @@ import errno
 import io
 import logging
 import os
+import random
 import shutil
 import subprocess
 import threading
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
 import pytest
 import torch
 
@@ -81,6 +83,16 @@ def trainfast_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptur
         yield caplog
     finally:
         logger.removeHandler(caplog.handler)
+
+
+@pytest.fixture
+def saved_rngs() -> Iterator[None]:
+    """The global RNGs (torch's CPU generator, numpy's, Python's `random`) put back as they were after the test."""
+    t, n, p = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    yield
+    torch.set_rng_state(t)
+    np.random.set_state(n)
+    random.setstate(p)
 
 
 @pytest.fixture(scope="session")

@@ -5,23 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
+from helpers import Scale
 from trainfast import find_batch_size
 
 GiB = 2**30
-
-
-class Scale(nn.Module):
-    """`x * w`: no compute to speak of, while a training step holds ~3 batch-sized tensors (the repeated input,
-    the gradient of the output, the product for w's gradient), so memory alone decides what fits."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.ones(()))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.w
 
 
 @pytest.mark.gpu

@@ -13,13 +13,14 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
+from helpers import Images, Sample
 from trainfast import TrainConfig, Trainer, make_loader
 from trainfast.device import resolve_device
 from trainfast.loader.prefetch import DevicePrefetcher, Normalize
@@ -37,21 +38,11 @@ def two_gpus() -> None:
         pytest.skip(f"needs 2 GPUs for 2 NCCL ranks; {torch.cuda.device_count()} visible")
 
 
-class Sample(NamedTuple):
-    image: torch.Tensor
-    label: torch.Tensor
 
 
-class Images(Dataset[Sample]):
-    def __init__(self, n: int = 256, dtype: torch.dtype = torch.uint8) -> None:
-        self.n, self.dtype = n, dtype
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> Sample:
-        g = torch.Generator().manual_seed(i)
-        return Sample(torch.randint(0, 256, (3, 16, 16), generator=g).to(self.dtype), torch.tensor(i % 4))
+def images(dtype: torch.dtype = torch.uint8) -> Images:
+    """256 16 x 16 images in 4 classes."""
+    return Images(256, size=16, classes=4, dtype=dtype)
 
 
 def conv_net() -> nn.Module:
@@ -68,7 +59,7 @@ def test_the_default_fused_adamw_survives_every_layout_switch_of_the_ab() -> Non
     """CUDA's fused AdamW raises on a moment whose strides differ from its parameter's: the layout A/B switches the
     model back and forth, and the moments must follow every switch."""
     model = conv_net()
-    loader = DataLoader(Images(dtype=torch.float32), batch_size=8)  # 32 steps: the layout A/B runs
+    loader = DataLoader(images(torch.float32), batch_size=8)  # 32 steps: the layout A/B runs
     trainer = Trainer(model, config=cuda_config(precision="32-true", channels_last="auto"))
     assert trainer.optimizer.defaults.get("fused") is True  # the Trainer's default on CUDA
     result = trainer.fit(loader)
@@ -80,7 +71,7 @@ def test_the_default_fused_adamw_survives_every_layout_switch_of_the_ab() -> Non
 
 
 def test_namedtuple_batches_pass_the_cuda_prefetcher() -> None:
-    loader = DataLoader(Images(), batch_size=16, pin_memory=True)
+    loader = DataLoader(images(), batch_size=16, pin_memory=True)
     batches = list(DevicePrefetcher(loader, "cuda", normalize=Normalize(), channels_last=True))
     assert len(batches) == 16 and all(type(b) is Sample for b in batches)
     first = batches[0]
@@ -89,7 +80,7 @@ def test_namedtuple_batches_pass_the_cuda_prefetcher() -> None:
 
 
 def test_the_default_trainer_trains_on_namedtuple_batches_on_cuda() -> None:
-    result = Trainer(conv_net(), config=cuda_config()).fit(DataLoader(Images(dtype=torch.float32), batch_size=8))
+    result = Trainer(conv_net(), config=cuda_config()).fit(DataLoader(images(torch.float32), batch_size=8))
     assert result.steps == 32 and result.final_loss is not None
 
 
@@ -102,7 +93,7 @@ def test_inputs_follow_a_layout_decided_mid_epoch_on_cuda(monkeypatch: pytest.Mo
         lambda m, args: seen.append(args[0].is_contiguous()) if m.training and torch.is_grad_enabled() else None)
     trainer = Trainer(model, config=cuda_config(precision="bf16-mixed", channels_last="auto"))  # prior: NHWC
     assert trainer.channels_last is True
-    trainer.fit(DataLoader(Images(dtype=torch.float32), batch_size=8))
+    trainer.fit(DataLoader(images(torch.float32), batch_size=8))
     assert trainer.channels_last is False and all(seen[practices.CYCLES + 1:]), seen  # (one batch staged ahead)
 
 
@@ -177,7 +168,7 @@ def test_out_of_memory_in_the_precision_ab_keeps_bf16() -> None:
     if not torch.cuda.is_bf16_supported():
         pytest.skip("no bf16 on this GPU: auto is fp16 with a scaler and no A/B")
     result = Trainer(Fp32TooBig(), config=cuda_config(channels_last=False)).fit(
-        DataLoader(Images(dtype=torch.float32), batch_size=8))
+        DataLoader(images(torch.float32), batch_size=8))
     assert result.precision is not None and result.precision["chosen"] == "bf16-mixed"
     assert "ran out of memory" in result.precision["reason"]
 

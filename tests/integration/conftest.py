@@ -6,9 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import pytest
+import torch
+from torch.optim import optimizer as optimizer_module
+from torch.utils.data import DataLoader
 
 TORCHRUN_ENV = {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 Torchrun = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -35,3 +38,19 @@ def run_torchrun(*args: str, timeout: float, env: Mapping[str, str] | None = Non
 def torchrun() -> Torchrun:
     """`torchrun(*args, timeout=S, env=None)`: a 2-rank job, see `run_torchrun`."""
     return run_torchrun
+
+
+@pytest.fixture
+def nothing_left_patched() -> Iterator[None]:
+    """After the test (a doctor run in this process) the process looks exactly as before it: the loader, torch's
+    tensor attributes and compile, sys.argv, sys.path, __main__, no optimizer hook left registered."""
+    def snapshot() -> tuple[object, ...]:
+        main = sys.modules.get("__main__")
+        return (DataLoader.__iter__, dict(vars(torch.Tensor)), torch.compile, sys.argv[:], sys.path[:],
+                dict(main.__dict__) if main is not None else None)
+    before = snapshot()
+    yield
+    for name, a, b in zip(("DataLoader.__iter__", "Tensor attributes", "torch.compile", "sys.argv", "sys.path",
+                           "__main__"), before, snapshot(), strict=True):
+        assert a == b, f"{name} changed"
+    assert not optimizer_module._global_optimizer_post_hooks

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -103,17 +102,5 @@ def test_help_has_worked_examples(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_info.value.code == 0 and "trainfast bench --quick" in out and "--markdown" in out
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(420)
-def test_quick_bench_end_to_end(demo_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The real `--quick` (demo data, default rows); about a minute on an idle 2-core machine."""
-    started = time.perf_counter()
-    assert bench_main("--quick", "--json", str(tmp_path / "b.json")) == 0
-    wall = time.perf_counter() - started
-    report = json.loads((tmp_path / "b.json").read_text())
-    assert [r["num_workers"] for r in report["workers"]][:3] == [0, 1, 2]
-    assert all(r["samples_per_s"] for r in report["workers"])
-    assert [r["batch_size"] for r in report["precision"]] == [64, 64, 128, 128, 256, 256]
-    assert report["naive_vs_trainfast"]["naive"]["steps"] == 3 * 25
-    print(f"trainfast bench --quick: {wall:.0f} s", file=sys.stderr)
-    capsys.readouterr()
+# The real `--quick` (demo data, default rows) runs end to end as the bench part of benchmarks/gpu.sh, whose
+# report tests/integration/test_gpu_script.py checks.

@@ -13,14 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import small_train as small
 from trainfast.cli import main
 
 TRAIN_KEYS = {"epochs", "steps", "samples_per_s", "data_wait_fraction", "final_loss", "val_accuracy", "checkpoint"}
 CHECKPOINT_KEYS = {"model", "optimizer", "scheduler", "scaler", "epoch", "step", "rng", "config", "versions"}
-
-
-def small(tiny_images: Path, *extra: str) -> list[str]:
-    return ["train", "--data", str(tiny_images), "--image-size", "32", "--batch-size", "16", "--no-progress", *extra]
 
 
 def test_train_writes_the_json_contract_and_loadable_checkpoints(tiny_images: Path, tmp_path: Path) -> None:
@@ -110,18 +107,5 @@ def test_module_entry_point_and_version() -> None:
     assert out.stdout.startswith("trainfast ")
 
 
-@pytest.mark.slow
-def test_demo_quick_compares_naive_and_trainfast(demo_cache: Path, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "demo.json"
-    assert main(["demo", "--quick", "--json", str(out)]) == 0
-    report = json.loads(out.read_text())
-    assert [r["name"] for r in report["runs"]] == ["naive", "trainfast"]
-    naive, fast = report["runs"]
-    assert naive["steps"] == fast["steps"] > 0
-    for run in report["runs"]:
-        assert {"samples_per_s", "data_wait_fraction", "steps", "final_loss", "val_accuracy"} <= set(run)
-        assert run["val_accuracy"] > 0.25  # 10 classes: chance is 0.10
-    assert report["speedup"] == pytest.approx(fast["samples_per_s"] / naive["samples_per_s"])
-    assert report["hardware"]["cpus"] >= 1
-    assert "naive vs trainfast" in capsys.readouterr().out
+# `trainfast demo --quick` (naive vs trainfast on the demo data) runs end to end as the demo part of
+# benchmarks/gpu.sh, whose report tests/integration/test_gpu_script.py checks.

@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 import pytest
 import torch
 
+from helpers import small_train
 from trainfast.cli import main
 from trainfast.trainer import load_checkpoint
 
@@ -24,8 +25,7 @@ SCRIPTS = Path(__file__).parent / "scripts"
 
 
 def small(tiny_images: Path, *extra: str) -> list[str]:
-    return ["train", "--data", str(tiny_images), "--image-size", "32", "--batch-size", "16", "--no-progress",
-            "--workers", "0", "--limit-batches", "2", "--limit-val-batches", "1", *extra]
+    return small_train(tiny_images, "--workers", "0", "--limit-batches", "2", "--limit-val-batches", "1", *extra)
 
 
 class Stderr(logging.StreamHandler[Any]):

@@ -6,13 +6,10 @@ import contextlib
 import json
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from torch.optim import optimizer as optimizer_module
-from torch.utils.data import DataLoader
 
 from trainfast.cli import main
 from trainfast.diagnose import run_doctor
@@ -23,18 +20,7 @@ with contextlib.suppress(ImportError):  # Lightning wraps torch.compile on impor
     import pytorch_lightning  # noqa: F401
 
 
-@pytest.fixture(autouse=True)
-def nothing_left_patched() -> Iterator[None]:
-    """After every doctor run the process looks exactly as before it."""
-    before = (DataLoader.__iter__, dict(vars(torch.Tensor)), torch.compile, sys.argv[:], sys.path[:],
-              dict(sys.modules.get("__main__").__dict__) if "__main__" in sys.modules else None)
-    yield
-    after = (DataLoader.__iter__, dict(vars(torch.Tensor)), torch.compile, sys.argv[:], sys.path[:],
-             dict(sys.modules.get("__main__").__dict__) if "__main__" in sys.modules else None)
-    for name, a, b in zip(("DataLoader.__iter__", "Tensor attributes", "torch.compile", "sys.argv", "sys.path",
-                           "__main__"), before, after, strict=True):
-        assert a == b, f"{name} changed"
-    assert not optimizer_module._global_optimizer_post_hooks
+pytestmark = pytest.mark.usefixtures("nothing_left_patched")  # after every doctor run, the process as before it
 
 
 def doctor(script: str, *args: str, steps: int = 10, warmup: int = 2) -> tuple[dict, object]:

@@ -17,13 +17,9 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
-from torch.optim import optimizer as optimizer_module
-from torch.utils.data import DataLoader
 
 from trainfast.diagnose import VERDICTS, DoctorRun, run_doctor
 
@@ -33,19 +29,7 @@ RATE_TOLERANCE = 0.25  # the doctor's samples/s against the script's own figure
 FALSE_ALARMS = {"copy_on_read", "host_sync"}  # none of these loops copies on read; on the CPU a sync is free
 
 
-@pytest.fixture(autouse=True)
-def nothing_left_patched() -> Iterator[None]:
-    """After every doctor run the process looks exactly as before it (as in test_doctor.py)."""
-    def snapshot() -> tuple[object, ...]:
-        main = sys.modules.get("__main__")
-        return (DataLoader.__iter__, dict(vars(torch.Tensor)), torch.compile, sys.argv[:], sys.path[:],
-                dict(main.__dict__) if main is not None else None)
-    before = snapshot()
-    yield
-    for name, a, b in zip(("DataLoader.__iter__", "Tensor attributes", "torch.compile", "sys.argv", "sys.path",
-                           "__main__"), before, snapshot(), strict=True):
-        assert a == b, f"{name} changed"
-    assert not optimizer_module._global_optimizer_post_hooks
+pytestmark = pytest.mark.usefixtures("nothing_left_patched")  # after every doctor run, the process as before it
 
 
 def doctor(script: str, *args: str, steps: int = STEPS, warmup: int = WARMUP) -> tuple[dict, DoctorRun]:

@@ -31,11 +31,12 @@ needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machi
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_gpu_script_runs_every_part_on_the_cpu(tiny_images: Path, demo_cache: Path, tmp_path: Path) -> None:
+def test_gpu_script_runs_every_part_on_the_cpu(demo_cache: Path, tmp_path: Path) -> None:
+    """Its bench and demo parts are the real `trainfast bench --quick` (demo data, default rows) and `trainfast demo
+    --quick`, run here as the CLI runs them, and their reports are checked in full."""
     out = tmp_path / "out"
     env = os.environ | {"OUT": str(out), "PYTHON": sys.executable, "ALLOW_CPU": "1",  # the CPU smoke test, on purpose
-                        "SUITE_ARGS": "--device cpu --tiny", "LIMIT_SCALE": "3", "BENCH_ARGS": f"--data {tiny_images}",
-                        "TRAINFAST_CACHE": str(demo_cache)}
+                        "SUITE_ARGS": "--device cpu --tiny", "LIMIT_SCALE": "3", "TRAINFAST_CACHE": str(demo_cache)}
     rc, stdout, stderr, _ = run_script(env, timeout=580)
     assert rc == 0, stdout[-4000:] + stderr[-2000:]
     assert "== ALLOW_CPU=1: CUDA is not available" in stdout, stdout[:2000]
@@ -46,10 +47,22 @@ def test_gpu_script_runs_every_part_on_the_cpu(tiny_images: Path, demo_cache: Pa
     assert suite["h2d_bandwidth"]["pageable"]["gb_per_s"] > 0
     assert "pinned memory needs CUDA" in suite["h2d_bandwidth"]["pinned"]["error"]
     bench = json.loads((out / "bench.json").read_text())
-    assert bench["workers"] and bench["precision"]
+    assert [r["num_workers"] for r in bench["workers"]][:3] == [0, 1, 2]
+    assert all(r["samples_per_s"] for r in bench["workers"])
+    assert [r["batch_size"] for r in bench["precision"]] == [64, 64, 128, 128, 256, 256]
+    assert bench["naive_vs_trainfast"]["naive"]["steps"] == 3 * 25
     assert (out / "bench.png").stat().st_size > 10_000 and (out / "bench.md").exists()
     demo = json.loads((out / "demo.json").read_text())
+    assert [r["name"] for r in demo["runs"]] == ["naive", "trainfast"]
+    naive, fast = demo["runs"]
+    assert naive["steps"] == fast["steps"] > 0
+    for run in demo["runs"]:
+        assert {"samples_per_s", "data_wait_fraction", "steps", "final_loss", "val_accuracy"} <= set(run)
+        assert run["val_accuracy"] > 0.25  # 10 classes: chance is 0.10
     assert demo["speedup"] > 0
+    assert demo["speedup"] == pytest.approx(fast["samples_per_s"] / naive["samples_per_s"])
+    assert demo["hardware"]["cpus"] >= 1
+    assert "naive vs trainfast" in (out / "demo.log").read_text()
     assert [r["device"] for r in demo["runs"]] == ["cpu", "cpu"] and demo["device"] == "cpu"
     assert json.loads((out / "env.json").read_text())["torch"]
     # the GPU acceptance tests ran as their own part, every one skipped (no CUDA here), and that part passed

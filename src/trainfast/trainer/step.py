@@ -18,14 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainfast.precision.policy import (
-    DeviceCaps,
-    LossScaler,
-    PrecisionPolicy,
-    ScalerConfig,
-    device_caps,
-    resolve_precision,
-)
+from trainfast.precision import DeviceCaps, LossScaler, PrecisionPolicy, ScalerConfig, device_caps, resolve_precision
 from trainfast.samples import first_leaf
 from trainfast.trainer.optimizer import default_optimizer
 

@@ -9,21 +9,9 @@ import argparse
 
 import torch
 import torch.nn.functional as F
+from same_batch import SameBatch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
-
-
-class SameBatch(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """One ready batch handed out `length` times (with batch_size=None): fetching costs nothing."""
-
-    def __init__(self, batch: tuple[torch.Tensor, torch.Tensor], length: int) -> None:
-        self.batch, self.length = batch, length
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.batch
+from torch.utils.data import DataLoader
 
 
 def main() -> None:

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 import torch
-from PIL import Image
 
+import helpers
 from trainfast.bench import demo, sweeps
 from trainfast.bench.demo import QUICK
 from trainfast.bench.sweeps import BenchSpec, measure_naive_vs_trainfast, measure_workers
 from trainfast.bench.tables import versus_line
 from trainfast.cli import bench as bench_cli
 from trainfast.cli import main
-from trainfast.data import PackedImages, pack
+from trainfast.data import PackedImages
 from trainfast.data.splits import ImageData
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,15 +31,8 @@ TINY_BENCH = BenchSpec(demo=SPEC, batch_size=8, image_size=16, worker_batches=2,
 
 
 def make_packed(tmp_path: Path, *, val: bool = True) -> Path:
-    """tmp_path/packed/train (2 classes x 8 images) and, with `val`, tmp_path/packed/val (2 x 4)."""
-    for split, per_class in (("train", 8), ("val", 4 if val else 0)):
-        for c, name in enumerate(("a", "b")):
-            folder = tmp_path / "src" / split / name
-            for i in range(per_class):
-                folder.mkdir(parents=True, exist_ok=True)
-                Image.new("RGB", (40 + i, 30), (25 * i, 120 * c, 90)).save(folder / f"{i}.jpg", quality=90)
-    pack(tmp_path / "src", tmp_path / "packed", image_size=16, shard_bytes=3000, workers=1, progress=False)
-    return tmp_path / "packed"
+    """tmp_path/packed/train (2 classes x 8 images, 40-47 x 30 px) and, with `val`, tmp_path/packed/val (2 x 4)."""
+    return helpers.make_packed(tmp_path, train=8, val=4 if val else 0, size=(40, 30))
 
 
 def test_both_runs_read_the_packed_shards_the_naive_one_in_full(tmp_path: Path,

@@ -9,32 +9,15 @@ import json
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
+from helpers import make_packed
 from trainfast.cli import main
 from trainfast.cli.flags import open_data
-from trainfast.data import ImageFolder, PackedImages, pack
+from trainfast.data import ImageFolder, PackedImages
 from trainfast.data.packing import INDEX_NAME
 from trainfast.loader import tuned
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def make_images(root: Path, *, train: int = 8, val: int = 4) -> Path:
-    """root/train/<a|b>/<i>.jpg (and root/val/... when val > 0): tiny JPEGs. Returns root."""
-    for split, per_class in (("train", train), ("val", val)):
-        for c, name in enumerate(("a", "b")):
-            folder = root / split / name
-            for i in range(per_class):
-                folder.mkdir(parents=True, exist_ok=True)
-                Image.new("RGB", (24 + i, 20), (25 * i, 120 * c, 90)).save(folder / f"{i}.jpg", quality=90)
-    return root
-
-
-def make_packed(tmp_path: Path, **kwargs: int) -> Path:
-    dst = tmp_path / "packed"
-    pack(make_images(tmp_path / "src", **kwargs), dst, image_size=16, shard_bytes=3000, workers=1, progress=False)
-    return dst
 
 
 @pytest.fixture

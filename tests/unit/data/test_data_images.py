@@ -18,14 +18,6 @@ from trainfast.data.synthetic import CLASSES
 
 
 @pytest.fixture
-def keep_python_rng() -> object:
-    """These tests seed Python's `random` (the augmentation's source); put its state back afterwards."""
-    state = random.getstate()
-    yield
-    random.setstate(state)
-
-
-@pytest.fixture
 def draft_spy(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, tuple[int, int]]]:
     """Record every JPEG `draft()` call: the stored size, the requested size and the size after drafting."""
     calls: list[dict[str, tuple[int, int]]] = []
@@ -113,7 +105,7 @@ def test_draft_and_full_decode_give_nearly_the_same_val_image(tiny_images: Path,
 
 @pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
 def test_draft_decode_shrinks_the_image_but_keeps_the_crop_at_least_image_size(
-        tiny_images: Path, draft_spy: list[dict[str, tuple[int, int]]], keep_python_rng: object, train: bool) -> None:
+        tiny_images: Path, draft_spy: list[dict[str, tuple[int, int]]], saved_rngs: None, train: bool) -> None:
     size = 32
     ds = ImageFolder(tiny_images / ("train" if train else "val"), image_size=size, train=train, decode="draft")
     random.seed(0)
@@ -146,7 +138,7 @@ def test_val_transform_is_deterministic_without_seeding(tiny_images: Path) -> No
 
 
 @pytest.mark.parametrize("decode", ["draft", "full"])
-def test_training_augmentation_is_deterministic_under_random_seed(tiny_images: Path, keep_python_rng: object,
+def test_training_augmentation_is_deterministic_under_random_seed(tiny_images: Path, saved_rngs: None,
                                                                   decode: str) -> None:
     ds = ImageFolder(tiny_images / "train", image_size=32, train=True, decode=decode)
     random.seed(1234)
@@ -157,7 +149,7 @@ def test_training_augmentation_is_deterministic_under_random_seed(tiny_images: P
         assert torch.equal(a, b)
 
 
-def test_training_augmentation_varies_across_seeds(tiny_images: Path, keep_python_rng: object) -> None:
+def test_training_augmentation_varies_across_seeds(tiny_images: Path, saved_rngs: None) -> None:
     ds = ImageFolder(tiny_images / "train", image_size=32, train=True)
     samples = []
     for seed in range(6):
@@ -221,7 +213,7 @@ def _write_inputs(folder: Path, tiny_jpeg: Path) -> dict[str, Path]:
 
 @pytest.mark.parametrize("decode", ["draft", "full"])
 @pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
-def test_png_grayscale_and_palette_inputs_become_rgb(tmp_path: Path, tiny_images: Path, keep_python_rng: object,
+def test_png_grayscale_and_palette_inputs_become_rgb(tmp_path: Path, tiny_images: Path, saved_rngs: None,
                                                      decode: str, train: bool) -> None:
     tiny_jpeg = next((tiny_images / "train" / "star").glob("*.jpg"))
     files = _write_inputs(tmp_path / "root" / "mixed", tiny_jpeg)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import logging
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,13 +22,6 @@ simplejpeg = pytest.importorskip("simplejpeg", reason="simplejpeg is not install
 # other libjpeg-turbo builds, and is far below what a wrong crop, scale or flip gives (tens of levels).
 MEAN_ABS_TOLERANCE = 1.0
 SIZES = [(470, 380), (300, 500), (1024, 256), (97, 61)]  # landscape, portrait, very wide, smaller than the output
-
-
-@pytest.fixture
-def keep_python_rng() -> Iterator[None]:
-    state = random.getstate()
-    yield
-    random.setstate(state)
 
 
 def _set_backend(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
@@ -59,7 +51,7 @@ def _decode_both(monkeypatch: pytest.MonkeyPatch, source: Path, seed: int, **kwa
 
 @pytest.mark.parametrize("train", [False, True])
 @pytest.mark.parametrize("image_size", [224, 64, 24])
-@pytest.mark.usefixtures("keep_python_rng")
+@pytest.mark.usefixtures("saved_rngs")
 def test_both_backends_give_the_same_sample(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, train: bool,
                                             image_size: int) -> None:
     for i, (w, h) in enumerate(SIZES):
@@ -74,7 +66,7 @@ def test_both_backends_give_the_same_sample(tmp_path: Path, monkeypatch: pytest.
             assert out["pillow next draw"] == out["simplejpeg next draw"]
 
 
-@pytest.mark.usefixtures("keep_python_rng")
+@pytest.mark.usefixtures("saved_rngs")
 def test_simplejpeg_decodes_at_the_scale_draft_would(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A 1024 px image at 32 px, eval: draft decodes at 1/8, simplejpeg is asked for the same (not 3/8 etc.)."""
     path = _jpeg(tmp_path / "big.jpg", 1024, 768)
@@ -94,7 +86,7 @@ def test_simplejpeg_decodes_at_the_scale_draft_would(tmp_path: Path, monkeypatch
         assert asked == [(im.size[1], im.size[0])] == [(96, 128)]
 
 
-@pytest.mark.usefixtures("keep_python_rng")
+@pytest.mark.usefixtures("saved_rngs")
 def test_flat_region_and_flip_land_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Left half black, right half white: a crop or flip that differed would move the edge by many columns."""
     pixels = np.zeros((400, 600, 3), np.uint8)
@@ -111,7 +103,7 @@ def test_flat_region_and_flip_land_the_same(tmp_path: Path, monkeypatch: pytest.
 
 
 @pytest.mark.parametrize("backend", ["pillow", "simplejpeg"])
-@pytest.mark.usefixtures("keep_python_rng")
+@pytest.mark.usefixtures("saved_rngs")
 def test_truncated_jpeg_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     data = _jpeg(tmp_path / "whole.jpg", 470, 380).read_bytes()
     broken = tmp_path / "broken.jpg"
@@ -127,7 +119,7 @@ def test_truncated_jpeg_names_the_file(tmp_path: Path, monkeypatch: pytest.Monke
         decode_image(io.BytesIO(data[:-2000]), "packed#3", image_size=64, train=False)
 
 
-@pytest.mark.usefixtures("keep_python_rng")
+@pytest.mark.usefixtures("saved_rngs")
 def test_png_stays_on_pillow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "a.png"
     Image.fromarray(np.full((90, 120, 3), 7, np.uint8)).save(path)

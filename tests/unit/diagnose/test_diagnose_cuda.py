@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import helpers
 from trainfast.diagnose.build import build_report
 from trainfast.diagnose.devicetime import DeviceTimer
 from trainfast.diagnose.instrument import Instrumentation
@@ -229,27 +230,12 @@ def test_without_a_loader_a_copy_before_the_forward_is_not_data_wait(blocking_co
 
 # ---- NVML: this process's GPU, over the measured steps
 
-class FakeNVMLError(Exception):
-    pass
-
-
 def fake_pynvml(util: dict[int, float]) -> Any:
     """8 GPUs; NVML's GPU i has UUID GPU-...-00000000000{i - 5} for i >= 5 (the visible ones, renumbered from 0
     by CUDA_VISIBLE_DEVICES=5,6,7) and PCI bus 0x30 + i - 5; `util` is read at each sample."""
-    module: Any = types.ModuleType("pynvml")
-    module.NVMLError = FakeNVMLError
-    module.NVML_TEMPERATURE_GPU = 0
-    module.nvmlInit = module.nvmlShutdown = lambda: None
-    module.nvmlDeviceGetCount = lambda: 8
-    module.nvmlDeviceGetHandleByIndex = lambda i: i
-    module.nvmlDeviceGetUUID = lambda i: f"GPU-00000000-0000-0000-0000-00000000000{i - 5}" if i >= 5 else f"GPU-f{i}"
-    module.nvmlDeviceGetPciInfo = lambda i: types.SimpleNamespace(domain=0, bus=0x30 + i - 5 if i >= 5 else i,
-                                                                  device=0)
-    module.nvmlDeviceGetUtilizationRates = lambda i: types.SimpleNamespace(gpu=util[i], memory=0)
-    module.nvmlDeviceGetMemoryInfo = lambda i: types.SimpleNamespace(used=1, total=2, free=1)
-    module.nvmlDeviceGetTemperature = lambda i, sensor: 50
-    module.nvmlDeviceGetPowerUsage = lambda i: 100_000
-    return module
+    return helpers.fake_pynvml(
+        8, uuid=lambda i: f"GPU-00000000-0000-0000-0000-00000000000{i - 5}" if i >= 5 else f"GPU-f{i}",
+        bus=lambda i: 0x30 + i - 5 if i >= 5 else i, util=lambda i: util[i])
 
 
 def test_gpu_utilisation_is_this_process_gpu_over_the_measured_steps(

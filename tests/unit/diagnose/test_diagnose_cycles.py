@@ -7,15 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import tick
 from trainfast.diagnose import timeline as timeline_module
 from trainfast.diagnose.timeline import MAX_CYCLE_STEPS, Timeline
 
 OPT = object()
-
-
-def tick(clock: list[float], seconds: float) -> float:
-    clock[0] += seconds
-    return clock[0]
 
 
 def update(tl: Timeline, clock: list[float], *, samples: int = 16, prepare_s: float = 0.01, step_s: float = 0.04,

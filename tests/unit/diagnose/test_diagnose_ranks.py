@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -200,12 +199,6 @@ def test_a_single_process_report_keeps_its_keys() -> None:
 
 
 # --- the exchange through the job's store -------------------------------------------------------------------
-
-
-@pytest.fixture
-def server() -> Iterator[Any]:
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
-    yield store
 
 
 def agreement(server: Any, rank: int, prefix: str = "trainfast/doctor/attempt_0/run_0/") -> StoreStop:

@@ -9,17 +9,13 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import tick
 from trainfast.diagnose import instrument as instrument_module
 from trainfast.diagnose.instrument import Instrumentation
 from trainfast.diagnose.models import batch_axis, root_modules
 from trainfast.diagnose.timeline import StopMeasuring, Timeline
 
 D, G = object(), object()  # two optimizers
-
-
-def tick(clock: list[float], seconds: float) -> float:
-    clock[0] += seconds
-    return clock[0]
 
 
 def fetch(tl: Timeline, clock: list[float], wait: float, samples: int = 8) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -18,12 +18,6 @@ from trainfast.diagnose.runner import STOP_CHECK_EVERY, StoreStop, launched_rank
 from trainfast.diagnose.timeline import StopMeasuring, Timeline
 
 OPTIMIZER = object()
-
-
-@pytest.fixture
-def server() -> Iterator[Any]:
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
-    yield store
 
 
 def client(server: Any, prefix: str = "trainfast/doctor/attempt_0/run_0/") -> Callable[[], Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -10,17 +9,9 @@ import torch
 from torch.optim import optimizer as optimizer_module
 from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset, random_split
 
-from trainfast.diagnose import timeline as timeline_module
 from trainfast.diagnose.instrument import Instrumentation
 from trainfast.diagnose.loaders import describe_loader
 from trainfast.diagnose.timeline import StopMeasuring, Timeline
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
-    now = [100.0]
-    monkeypatch.setattr(timeline_module.time, "perf_counter", lambda: now[0])
-    yield now
 
 
 def test_step_split_with_a_synthetic_clock(clock: list[float]) -> None:

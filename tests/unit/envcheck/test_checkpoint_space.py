@@ -6,24 +6,18 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 import torch
 from torch import nn
 
+from helpers import Usage
 from trainfast import TrainConfig, Trainer, make_loader
 from trainfast.atomic import free_bytes
 from trainfast.envcheck.checks import checkpoint_space_check, format_bytes
 from trainfast.trainer.checkpoint import estimate_checkpoint_bytes
 
 MIB = 2**20
-
-
-class Usage(NamedTuple):
-    total: int
-    used: int
-    free: int
 
 
 @pytest.mark.parametrize(("free", "held", "status"), [

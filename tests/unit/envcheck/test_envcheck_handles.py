@@ -32,13 +32,6 @@ class Records(Dataset[int]):
 
 
 @pytest.fixture
-def db() -> Iterator[sqlite3.Connection]:
-    conn = sqlite3.connect(":memory:")
-    yield conn
-    conn.close()
-
-
-@pytest.fixture
 def open_file(tmp_path: Path) -> Iterator[io.BufferedReader]:
     path = tmp_path / "shard.bin"
     path.write_bytes(b"\0" * 16)

@@ -6,7 +6,6 @@ import importlib
 import json
 import sqlite3
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -43,13 +42,6 @@ class Recording(Dataset[tuple[torch.Tensor, int]]):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         self.calls += 1
         return torch.zeros(3), i
-
-
-@pytest.fixture
-def db() -> Iterator[sqlite3.Connection]:
-    conn = sqlite3.connect(":memory:")
-    yield conn
-    conn.close()
 
 
 def _by_name(checks: list[Check]) -> dict[str, Check]:

@@ -18,24 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from helpers import blobs
+from helpers import train_blobs as train
 from trainfast import TrainConfig, Trainer, make_loader
 from trainfast.atomic import TEMP_PREFIX
 from trainfast.trainer import CheckpointError, NonFiniteLossError, load_checkpoint
-
-
-def blobs(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    y = torch.randint(0, 4, (n,), generator=g)
-    return torch.randn(4, 8, generator=g)[y] * 3 + torch.randn(n, 8, generator=g), y
-
-
-def train(ckpt: Path, epochs: int, **overrides: Any) -> Trainer:
-    x, y = blobs()
-    torch.manual_seed(0)
-    config = TrainConfig(epochs=epochs, checkpoint_dir=str(ckpt), progress=False, device="cpu", **overrides)
-    trainer = Trainer(nn.Linear(8, 4), config=config)
-    trainer.fit(make_loader((x, y), 16), resume=True)
-    return trainer
 
 
 @pytest.mark.timeout(120)

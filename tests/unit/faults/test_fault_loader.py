@@ -1,7 +1,8 @@
 """DataLoader failures become a `LoaderError` that names the causes and the fixes: a worker that hangs past
 `timeout_s`, a worker killed by SIGKILL (out of memory) / SIGBUS (/dev/shm) / SIGABRT, too many open files.
 
-The datasets live at module level so that 'spawn' workers can import them by name.
+The datasets live at module level so that 'spawn' workers can import them by name; each is a `helpers.Draws`
+(sample i: [i, a draw from torch's global RNG]) that fails in its own way.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
+from helpers import Draws
 from trainfast.data.decode import CorruptImageError
 from trainfast.data.images import ImageFolder
 from trainfast.host import Memory
@@ -35,24 +37,14 @@ pytestmark = pytest.mark.timeout(60)  # every test here has a hard limit; worker
 MIB = 2**20
 
 
-class Numbers(Dataset[torch.Tensor]):
-    """Sample i: [i, a draw from torch's global RNG]."""
-
-    def __init__(self, n: int = 16) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.tensor([float(i), float(torch.rand(()))])
+SAMPLES = 16  # 4 batches of 4
 
 
-class Hangs(Numbers):
+class Hangs(Draws):
     """Blocks for `seconds` inside a worker (a deadlock, a stalled NFS read); instant in the main process."""
 
     def __init__(self, seconds: float) -> None:
-        super().__init__()
+        super().__init__(SAMPLES)
         self.seconds = seconds
 
     def __getitem__(self, i: int) -> torch.Tensor:
@@ -61,11 +53,11 @@ class Hangs(Numbers):
         return super().__getitem__(i)
 
 
-class KillsItself(Numbers):
+class KillsItself(Draws):
     """A worker that fetches a sample is killed by `signum` (SIGKILL: what the OOM killer sends)."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__()
+        super().__init__(SAMPLES)
         self.signum = signum
 
     def __getitem__(self, i: int) -> torch.Tensor:
@@ -76,11 +68,11 @@ class KillsItself(Numbers):
         return super().__getitem__(i)
 
 
-class KillsOnce(Numbers):
+class KillsOnce(Draws):
     """SIGKILLs its worker the first time any worker fetches (a marker file remembers it across processes)."""
 
     def __init__(self, marker: Path) -> None:
-        super().__init__()
+        super().__init__(SAMPLES)
         self.marker = str(marker)
 
     def __getitem__(self, i: int) -> torch.Tensor:
@@ -96,14 +88,14 @@ class KillsOnce(Numbers):
         return super().__getitem__(i)
 
 
-class OutOfFiles(Numbers):
+class OutOfFiles(Draws):
     """Every fetch fails the way `open()` fails at the open-files limit."""
 
     def __getitem__(self, i: int) -> torch.Tensor:
         raise OSError(errno.EMFILE, "Too many open files")
 
 
-class Buggy(Numbers):
+class Buggy(Draws):
     """A plain bug in the dataset: not a loader failure, so it must stay as it is."""
 
     def __getitem__(self, i: int) -> torch.Tensor:
@@ -129,6 +121,14 @@ def no_leaked_workers() -> Iterator[None]:
     assert not left, f"worker processes left running: {left}"
 
 
+@pytest.fixture
+def short_shutdown_grace(monkeypatch: pytest.MonkeyPatch) -> float:
+    """torch's wait for a worker at shutdown, before (and again after) it sends SIGTERM: 5 s by default, cut for the
+    tests whose worker hangs, so each wait ends soon. The same shutdown path, each step in its order."""
+    monkeypatch.setattr(torch.utils.data._utils, "MP_STATUS_CHECK_INTERVAL", 0.5)
+    return 0.5
+
+
 def loader_of(dataset: Dataset[Any], workers: int, **kwargs: Any) -> Loader:
     loader = make_loader(dataset, 4, workers=workers, device="cpu", shuffle=False, **kwargs)
     assert isinstance(loader, Loader)
@@ -147,11 +147,12 @@ def first_batch_error(loader: Loader) -> LoaderError:
 # ----------------------------------------------------------------------------------------------- a worker hangs
 
 @pytest.mark.timeout(60)
-def test_worker_hanging_past_timeout_names_the_causes_and_is_stopped(no_leaked_workers: None) -> None:
+def test_worker_hanging_past_timeout_names_the_causes_and_is_stopped(no_leaked_workers: None,
+                                                                     short_shutdown_grace: float) -> None:
     loader = loader_of(Hangs(seconds=40), 1, timeout_s=1, multiprocessing_context="fork")
     start = time.monotonic()
     error = first_batch_error(loader)
-    assert time.monotonic() - start < 20  # 1 s timeout + torch's 5 s grace before the stuck worker is terminated
+    assert time.monotonic() - start < 20  # 1 s timeout + torch's grace before the stuck worker is terminated
     message = str(error)
     assert error.kind == "timeout"
     assert "did not arrive within timeout_s=1 s" in message
@@ -166,7 +167,8 @@ def test_worker_hanging_past_timeout_names_the_causes_and_is_stopped(no_leaked_w
 
 
 @pytest.mark.timeout(60)
-def test_a_hung_worker_that_ignores_sigterm_is_still_stopped(no_leaked_workers: None) -> None:
+def test_a_hung_worker_that_ignores_sigterm_is_still_stopped(no_leaked_workers: None,
+                                                             short_shutdown_grace: float) -> None:
     """In `Trainer.fit` workers ignore the stop signals; torch's own shutdown ends a hung one with SIGTERM."""
     loader = loader_of(Hangs(seconds=40), 1, timeout_s=1, multiprocessing_context="fork")
     with workers_ignore((signal.SIGTERM,), loader):
@@ -181,7 +183,7 @@ def test_slow_batches_within_the_timeout_are_fine(no_leaked_workers: None) -> No
         got = list(loader)
     finally:
         loader.close()
-    want = list(loader_of(Numbers(), 0))
+    want = list(loader_of(Draws(SAMPLES), 0))
     assert len(got) == len(want) == 4
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
@@ -375,7 +377,7 @@ def test_loader_error_is_a_runtime_error_that_pickles_with_its_kind() -> None:
 
 
 def test_timeout_without_workers_is_ignored_and_says_so() -> None:
-    loader = loader_of(Numbers(), 0, timeout_s=2)
+    loader = loader_of(Draws(SAMPLES), 0, timeout_s=2)
     assert "timeout_s=2 ignored: it bounds the wait for worker processes and there are none" in loader.plan.describe()
     assert len(list(loader)) == 4
 
@@ -384,4 +386,4 @@ def test_timeout_without_workers_is_ignored_and_says_so() -> None:
 def test_invalid_timeout_is_refused(timeout_s: Any) -> None:
     with pytest.raises(ValueError, match=re.escape(f"timeout_s={timeout_s!r} is not valid; use a number of "
                                                    "seconds >= 0 (0 waits for each batch forever)")):
-        make_loader(Numbers(), 4, workers=1, device="cpu", timeout_s=timeout_s)
+        make_loader(Draws(SAMPLES), 4, workers=1, device="cpu", timeout_s=timeout_s)

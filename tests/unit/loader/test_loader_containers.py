@@ -9,16 +9,12 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
+from helpers import Images, Sample
 from trainfast.loader.prefetch import DevicePrefetcher, Normalize, move
 from trainfast.trainer.config import TrainConfig
 from trainfast.trainer.loop import Trainer
-
-
-class Sample(NamedTuple):
-    image: torch.Tensor
-    label: torch.Tensor
 
 
 class Triple(NamedTuple):
@@ -27,16 +23,6 @@ class Triple(NamedTuple):
     weight: torch.Tensor
 
 
-class Images(Dataset[Sample]):
-    def __init__(self, dtype: torch.dtype = torch.uint8) -> None:
-        self.dtype = dtype
-
-    def __len__(self) -> int:
-        return 64
-
-    def __getitem__(self, i: int) -> Sample:
-        g = torch.Generator().manual_seed(i)
-        return Sample(torch.randint(0, 256, (3, 8, 8), generator=g).to(self.dtype), torch.tensor(i % 2))
 
 
 def test_default_collate_namedtuple_batches_pass_the_prefetcher_as_namedtuples() -> None:
@@ -60,7 +46,7 @@ def test_move_rebuilds_namedtuples_and_keeps_mapping_types() -> None:
 def test_the_default_trainer_trains_a_conv_net_on_namedtuple_batches() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
-    loader = DataLoader(Images(torch.float32), batch_size=2)  # 32 steps: the layout A/B converts namedtuple inputs too
+    loader = DataLoader(Images(dtype=torch.float32), batch_size=2)  # 32 steps: the layout A/B converts namedtuples too
     config = TrainConfig(epochs=1, progress=False, device="cpu", precision="32-true", channels_last="auto")
     result = Trainer(model, config=config).fit(loader)
     assert result.steps == 32 and result.channels_last is not None and result.channels_last["measured"] is True

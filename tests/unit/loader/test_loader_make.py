@@ -10,28 +10,10 @@ import pytest
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
+from helpers import Draws, assert_same
 from trainfast.loader import Loader, TensorLoader, make_loader
 from trainfast.loader.auto import TINY_DATASET
 from trainfast.loader.prefetch import Normalize
-
-
-class Draws(Dataset[torch.Tensor]):
-    """Sample i: (i, a draw from torch's global RNG)."""
-
-    def __init__(self, n: int = 22) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.tensor([float(i), float(torch.rand(()))])
-
-
-def assert_same(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        assert torch.equal(x, y)
 
 
 def test_each_iter_is_the_next_epoch_unless_set_epoch() -> None:

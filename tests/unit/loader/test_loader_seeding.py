@@ -1,6 +1,6 @@
 """Per-batch seeding through `make_loader`: draws depend on (seed, epoch, batch) only, never on the workers.
 
-`DrawDataset` lives at module level so that 'spawn' workers can import it by name.
+The dataset is `helpers.Draws`, importable by name as 'spawn' workers need.
 """
 
 from __future__ import annotations
@@ -12,39 +12,20 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset
 
+from helpers import GLOBAL_RNGS, Draws, assert_same
 from trainfast.loader import Loader, make_loader
 from trainfast.loader.seeding import derive_seed, seed_all, seeded
 
-IDX, NP, PY, TORCH = range(4)  # columns of a DrawDataset sample
-
-
-class DrawDataset(Dataset[torch.Tensor]):
-    """Sample i: (i, a draw from numpy's global RNG, one from `random`, one from torch's global RNG)."""
-
-    def __init__(self, n: int = 24) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.tensor([float(i), float(np.random.random()), random.random(), float(torch.rand(()))],
-                            dtype=torch.float64)
+IDX, NP, PY, TORCH = range(4)  # columns of a `Draws(n, GLOBAL_RNGS)` sample
 
 
 def draws_loader(workers: int, *, seed: int = 3, n: int = 24, batch_size: int = 4, **kwargs: Any) -> Loader:
-    loader = make_loader(DrawDataset(n), batch_size, workers=workers, device="cpu", seed=seed, **kwargs)
+    loader = make_loader(Draws(n, GLOBAL_RNGS, dtype=torch.float64), batch_size, workers=workers, device="cpu",
+                         seed=seed, **kwargs)
     assert isinstance(loader, Loader)
     assert loader.plan.num_workers == workers
     return loader
-
-
-def assert_same(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        assert torch.equal(x, y)
 
 
 def column(batches: list[torch.Tensor], col: int) -> list[float]:
@@ -86,9 +67,9 @@ def test_persistent_workers_never_share_draws(closing: Callable[[Loader], Loader
         assert_same(got, want)  # the worker count does not change a single draw
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_two_workers_match_the_main_process(context: str, main_process_epochs: list[list[torch.Tensor]]) -> None:
-    loader = draws_loader(2, persistent_workers=False, multiprocessing_context=context)
+def test_two_workers_match_the_main_process(main_process_epochs: list[list[torch.Tensor]]) -> None:
+    """With 'fork'; tests/unit/faults/test_fault_start_methods.py makes the same checks under 'spawn'."""
+    loader = draws_loader(2, persistent_workers=False, multiprocessing_context="fork")
     got = list(loader)
     assert_same(got, main_process_epochs[0])
     for col in (NP, PY, TORCH):

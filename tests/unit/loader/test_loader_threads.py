@@ -11,26 +11,17 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import Dataset
 
+from helpers import Draws, assert_same
 from trainfast import TrainConfig, Trainer
 from trainfast.loader import ThreadLoader, make_loader
-from trainfast.loader.seeding import batch_rngs
 
 
-class Seeded(Dataset[torch.Tensor]):
+class Seeded(Draws):
     """Sample i: (i, a torch draw, a numpy draw, a Python draw), all from the batch's own generators."""
 
     def __init__(self, n: int = 30) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        rng = batch_rngs()
-        return torch.tensor([float(i), float(torch.rand((), generator=rng.torch)), float(rng.numpy.rand()),
-                             rng.random.random()], dtype=torch.float64)
+        super().__init__(n, ("torch", "numpy", "random"), dtype=torch.float64, per_batch=True)
 
 
 class Concurrency(Seeded):
@@ -67,12 +58,6 @@ def loader_threads() -> set[threading.Thread]:
 
 def epochs(loader: Any, n: int = 2) -> list[list[torch.Tensor]]:
     return [list(loader) for _ in range(n)]
-
-
-def assert_same(a: list[list[torch.Tensor]], b: list[list[torch.Tensor]]) -> None:
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        assert len(x) == len(y) and all(torch.equal(p, q) for p, q in zip(x, y, strict=True))
 
 
 @pytest.mark.parametrize("shuffle", [True, False])

@@ -10,34 +10,19 @@ from typing import Any
 import pytest
 import torch
 
+import helpers
 from trainfast.monitor import Monitor, NvmlSource
 from trainfast.monitor.analysis import window_mean
 from trainfast.monitor.sources import GpuIdentity, cuda_identity
 
 
-class FakeNVMLError(Exception):
-    pass
-
-
 def fake_pynvml(gpus: int = 8, busy: int = 5, uuid_bytes: bool = False) -> types.ModuleType:
     """`gpus` GPUs, only NVML's `busy` one at 95 %; GPU i has UUID GPU-aaaaaaaa-...-{i:012d} and PCI bus 0x10 + i."""
-    module: Any = types.ModuleType("pynvml")
-    module.NVMLError = FakeNVMLError
-    module.NVML_TEMPERATURE_GPU = 0
-    module.nvmlInit = module.nvmlShutdown = lambda: None
-    module.nvmlDeviceGetCount = lambda: gpus
-    module.nvmlDeviceGetHandleByIndex = lambda i: i
-
     def uuid(i: int) -> str | bytes:
         text = f"GPU-AAAAAAAA-0000-0000-0000-{i:012d}"
         return text.encode() if uuid_bytes else text
-    module.nvmlDeviceGetUUID = uuid
-    module.nvmlDeviceGetPciInfo = lambda i: types.SimpleNamespace(domain=0, bus=0x10 + i, device=0, busId=b"")
-    module.nvmlDeviceGetUtilizationRates = lambda i: types.SimpleNamespace(gpu=95 if i == busy else 0, memory=0)
-    module.nvmlDeviceGetMemoryInfo = lambda i: types.SimpleNamespace(used=1, total=2, free=1)
-    module.nvmlDeviceGetTemperature = lambda i, sensor: 50
-    module.nvmlDeviceGetPowerUsage = lambda i: 100_000
-    return module  # type: ignore[no-any-return]
+    return helpers.fake_pynvml(gpus, uuid=uuid, bus=lambda i: 0x10 + i, util=lambda i: 95 if i == busy else 0,
+                               busId=b"")
 
 
 def visible(monkeypatch: pytest.MonkeyPatch, nvml_indices: list[int], uuid: bool = True, pci: bool = True) -> None:

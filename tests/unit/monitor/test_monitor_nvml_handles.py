@@ -9,11 +9,11 @@ from __future__ import annotations
 import logging
 import sys
 import types
-from typing import Any
 
 import pynvml as real_nvml
 import pytest
 
+import helpers
 from trainfast.monitor import NvmlSource
 from trainfast.monitor.sources import GpuIdentity
 
@@ -21,24 +21,13 @@ from trainfast.monitor.sources import GpuIdentity
 def fake_pynvml(gpus: int, broken: dict[int, int]) -> types.ModuleType:
     """`gpus` GPUs; `nvmlDeviceGetHandleByIndex(i)` fails with NVML error code `broken[i]`. GPU i: UUID
     GPU-...-{i:012d}, PCI bus 0x10 + i, utilisation 10 * i %."""
-    module: Any = types.ModuleType("pynvml")
-    module.NVMLError = real_nvml.NVMLError
-    module.NVML_TEMPERATURE_GPU = real_nvml.NVML_TEMPERATURE_GPU
-    module.nvmlInit = module.nvmlShutdown = lambda: None
-    module.nvmlDeviceGetCount = lambda: gpus
-
     def handle(index: int) -> int:
         if index in broken:
             raise real_nvml.NVMLError(broken[index])  # what the real binding's _nvmlCheckReturn raises
         return index
-    module.nvmlDeviceGetHandleByIndex = handle
-    module.nvmlDeviceGetUUID = lambda i: f"GPU-aaaaaaaa-0000-0000-0000-{i:012d}"
-    module.nvmlDeviceGetPciInfo = lambda i: types.SimpleNamespace(domain=0, bus=0x10 + i, device=0)
-    module.nvmlDeviceGetUtilizationRates = lambda i: types.SimpleNamespace(gpu=10 * i, memory=0)
-    module.nvmlDeviceGetMemoryInfo = lambda i: types.SimpleNamespace(used=1, total=2, free=1)
-    module.nvmlDeviceGetTemperature = lambda i, sensor: 50
-    module.nvmlDeviceGetPowerUsage = lambda i: 100_000
-    return module  # type: ignore[no-any-return]
+    return helpers.fake_pynvml(gpus, uuid=lambda i: f"GPU-aaaaaaaa-0000-0000-0000-{i:012d}", bus=lambda i: 0x10 + i,
+                               util=lambda i: 10 * i, handle=handle, error=real_nvml.NVMLError,
+                               temperature_gpu=real_nvml.NVML_TEMPERATURE_GPU)
 
 
 @pytest.mark.parametrize(("code", "error"), [

@@ -15,6 +15,7 @@ import psutil
 import pytest
 import torch
 
+from helpers import FakeNVMLError
 from trainfast.monitor import FakeSource, Monitor, NvmlSource, PsutilSource, Source, TorchCudaSource, sources
 
 MIB = 2**20
@@ -241,10 +242,6 @@ def test_nvml_unavailable_when_pynvml_cannot_be_imported(monkeypatch: pytest.Mon
     assert not source.available
     assert "pip install nvidia-ml-py" in (source.unavailable_reason or "")
     assert source.sample() == {}
-
-
-class FakeNVMLError(Exception):
-    pass
 
 
 def fake_pynvml(gpus: int = 2, init_error: Exception | None = None,

@@ -201,15 +201,6 @@ def test_pickled_objects_are_refused_and_never_run(tmp_path: Path, payload: type
         SIDE_EFFECTS.clear()
 
 
-@pytest.fixture
-def saved_rngs() -> Iterator[None]:
-    t, n, p = torch.get_rng_state(), np.random.get_state(), random.getstate()
-    yield
-    torch.set_rng_state(t)
-    np.random.set_state(n)
-    random.setstate(p)
-
-
 def _draws() -> tuple[Any, ...]:
     return (torch.rand(5), torch.randint(0, 10**6, (3,)), np.random.standard_normal(3), np.random.randint(0, 10**6, 4),
             np.random.standard_normal(), [random.random() for _ in range(4)], random.gauss(0.0, 1.0),

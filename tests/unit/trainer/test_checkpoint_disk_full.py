@@ -10,39 +10,20 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO
 
 import pytest
 import torch
 from torch import nn
 
+from helpers import Usage, blobs
+from helpers import train_blobs as train
 from trainfast import TrainConfig, Trainer, make_loader
 from trainfast.atomic import TEMP_PREFIX
 from trainfast.envcheck.checks import format_bytes
 from trainfast.trainer import CheckpointError, CheckpointWriteError, load_checkpoint
 
 FREE = 12_345  # what the fake volume reports free
-
-
-class Usage(NamedTuple):
-    total: int
-    used: int
-    free: int
-
-
-def blobs(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    y = torch.randint(0, 4, (n,), generator=g)
-    return torch.randn(4, 8, generator=g)[y] * 3 + torch.randn(n, 8, generator=g), y
-
-
-def train(ckpt: Path, epochs: int, *, val: bool = False, **overrides: Any) -> Trainer:
-    x, y = blobs()
-    torch.manual_seed(0)
-    config = TrainConfig(epochs=epochs, checkpoint_dir=str(ckpt), progress=False, device="cpu", **overrides)
-    trainer = Trainer(nn.Linear(8, 4), config=config)
-    trainer.fit(make_loader((x, y), 16), make_loader((x, y), 64, shuffle=False) if val else None, resume=True)
-    return trainer
 
 
 def names(folder: Path) -> list[str]:

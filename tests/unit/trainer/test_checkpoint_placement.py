@@ -3,8 +3,6 @@ device; RNG states must be CPU ByteTensors), so a CUDA run resumes. CUDA is fake
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,28 +11,14 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import blobs
 from trainfast import TrainConfig, Trainer, make_loader
 from trainfast.trainer.checkpoint import CheckpointError, load_checkpoint, rng_state, set_rng_state
-
-
-def blobs(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    y = torch.randint(0, 4, (n,), generator=g)
-    return torch.randn(4, 8, generator=g)[y] * 3 + torch.randn(n, 8, generator=g), y
 
 
 def config(ckpt: Path, **overrides: Any) -> TrainConfig:
     values: dict[str, Any] = {"epochs": 1, "checkpoint_dir": str(ckpt), "progress": False, "device": "cpu"}
     return TrainConfig(**(values | overrides))
-
-
-@pytest.fixture
-def saved_rngs() -> Iterator[None]:
-    t, n, p = torch.get_rng_state(), np.random.get_state(), random.getstate()
-    yield
-    torch.set_rng_state(t)
-    np.random.set_state(n)
-    random.setstate(p)
 
 
 def test_resume_on_a_cuda_trainer_loads_the_checkpoint_on_the_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

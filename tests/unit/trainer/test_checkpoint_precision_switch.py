@@ -5,30 +5,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from torch import nn
 
-from trainfast import TrainConfig, Trainer, make_loader
+from helpers import train_blobs as train
 from trainfast.precision.policy import ScalerConfig
-
-
-def blobs(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    y = torch.randint(0, 4, (n,), generator=g)
-    return torch.randn(4, 8, generator=g)[y] * 3 + torch.randn(n, 8, generator=g), y
-
-
-def train(ckpt: Path, epochs: int, precision: str, **overrides: Any) -> Trainer:
-    x, y = blobs()
-    torch.manual_seed(0)
-    config = TrainConfig(epochs=epochs, checkpoint_dir=str(ckpt), progress=False, device="cpu", precision=precision,
-                         **overrides)
-    trainer = Trainer(nn.Linear(8, 4), config=config)
-    trainer.fit(make_loader((x, y), 16), resume=True)
-    return trainer
 
 
 @pytest.mark.parametrize("saved_under", ["bf16-mixed", "32-true"])

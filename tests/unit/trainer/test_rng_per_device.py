@@ -10,11 +10,9 @@ GPU; no index: the current GPU).
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -60,13 +58,10 @@ class FakeCuda:
 
 
 @pytest.fixture(autouse=True)
-def saved_rngs() -> Iterator[None]:
-    t, n, p = torch.get_rng_state(), np.random.get_state(), random.getstate()
+def saved_rngs_and_warnings(saved_rngs: None) -> Iterator[None]:
+    """The global RNGs (tests/conftest.py's `saved_rngs`) and the set of devices already warned about."""
     warned = set(checkpoint._warned_missing_cuda_state)
     yield
-    torch.set_rng_state(t)
-    np.random.set_state(n)
-    random.setstate(p)
     checkpoint._warned_missing_cuda_state.clear()
     checkpoint._warned_missing_cuda_state.update(warned)
 

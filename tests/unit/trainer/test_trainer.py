@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from helpers import blobs
 from trainfast import TrainConfig, Trainer, make_loader
 from trainfast.data.images import ImageFolder
 from trainfast.loader.seeding import seed_all
@@ -27,21 +28,13 @@ def tiny_mlp(in_features: int = 3 * 16 * 16, dropout: float = 0.2) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(in_features, 32), nn.Dropout(dropout), nn.GELU(), nn.Linear(32, 10))
 
 
-def blobs(n: int = 256, dim: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Linearly separable classes: a few dozen steps reach high accuracy."""
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, 4, (n,), generator=g)
-    centers = torch.randn(4, dim, generator=g) * 3
-    return centers[y] + torch.randn(n, dim, generator=g), y
-
-
 def config(**overrides: Any) -> TrainConfig:
     values: dict[str, Any] = {"epochs": 2, "progress": False, "warmup_steps": 2, "device": "cpu"}
     return TrainConfig(**(values | overrides))
 
 
 def test_fit_learns_and_reports() -> None:
-    x, y = blobs()
+    x, y = blobs(n=256)
     seed_all(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 4))
     train = make_loader((x, y), 32)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from helpers import Scale
 from trainfast.precision.policy import device_caps, resolve_precision
 from trainfast.tune import batch_size as bs
 from trainfast.tune.batch_size import (
@@ -313,15 +314,6 @@ def test_real_cpu_run_reaches_max_batch(monkeypatch: pytest.MonkeyPatch) -> None
     assert result.batch_size == 64 and result.first_oom is None
     assert [(b, ok) for b, ok, _ in result.tried] == [(8, True), (16, True), (32, True), (64, True)]
     assert all(p.grad is None for p in model.parameters()) and model.training
-
-
-class Scale(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.ones(()))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.w
 
 
 @pytest.mark.gpu

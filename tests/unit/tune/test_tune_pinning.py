@@ -5,22 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from helpers import fake_measure
 from trainfast.loader.tuned import WorkerSettings
 from trainfast.tune.search import cheapest_within, search
 from trainfast.tune.trial import Trial
 
 START = WorkerSettings(1, 4, True)  # make_loader's "auto" for a CUDA target would start higher; the search is the same
-
-
-def fake_measure(rates: dict[int, float], unpinned: float = 1.0):  # type: ignore[no-untyped-def]
-    """Throughput by worker count, times `unpinned` without pinning; records the configurations measured."""
-    calls: list[WorkerSettings] = []
-
-    def measure(config: WorkerSettings, beat: float | None) -> Trial:
-        calls.append(config)
-        rate = rates[min(config.num_workers, max(rates))] * (1.0 if config.pin_memory else unpinned)
-        return Trial(config, rate, 0.1)
-    return measure, calls
 
 
 @pytest.mark.parametrize("unpinned", [1.0, 1.02])  # pinning no faster, or unpinned ahead within the noise

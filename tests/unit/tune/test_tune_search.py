@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+import helpers
 from trainfast import make_loader
 from trainfast.data.images import ImageFolder
 from trainfast.loader import tuned as cache
@@ -21,25 +23,9 @@ from trainfast.tune.search import cheapest_within, search
 from trainfast.tune.trial import Trial
 from trainfast.tune.tuner import tune_loader
 
-
-def fake_measure(rates: dict[int, float], per_thread: dict[int, float] | None = None,  # type: ignore[no-untyped-def]
-                 threads_backend: float = 1.0):
-    """Throughput by worker count (an optional bonus by thread count, a factor for the threads backend); records
-    what was measured and the `beat` each trial was given."""
-    calls: list[WorkerSettings] = []
-    beats: list[float | None] = []
-
-    def measure(config: WorkerSettings, beat: float | None) -> Trial:
-        calls.append(config)
-        beats.append(beat)
-        rate = rates[min(config.num_workers, max(rates))] * (per_thread or {}).get(config.cpu_threads or 0, 1.0)
-        if config.prefetch_factor == 4:
-            rate *= 1.01  # within noise: not worth the memory
-        if config.backend == "threads":
-            rate *= threads_backend
-        return Trial(config, rate, 0.1)
-    measure.beats = beats  # type: ignore[attr-defined]
-    return measure, calls
+# Trials that measure nothing (see helpers.fake_measure); prefetch_factor 4 a hair faster: within noise, not worth
+# the memory.
+fake_measure = partial(helpers.fake_measure, prefetch_4=1.01)
 
 
 def start(workers: int, *, cpus: int = 8, cuda: bool = False, cpu_training: bool = False) -> WorkerSettings:
