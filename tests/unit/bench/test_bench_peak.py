@@ -24,6 +24,7 @@ else:
 """
 
 
+@pytest.mark.slow
 def test_the_kernel_counter_keeps_a_peak_freed_before_the_end() -> None:
     out = subprocess.run([sys.executable, "-c", PEAK_FREED_BEFORE_THE_END], capture_output=True, text=True,
                          timeout=120, check=True).stdout.split()
@@ -45,6 +46,7 @@ print(p.source, p.method, p.peak_bytes)
 """
 
 
+@pytest.mark.slow
 def test_without_the_kernel_counter_rss_is_sampled() -> None:
     out = subprocess.run([sys.executable, "-c", PEAK_SAMPLED], capture_output=True, text=True, timeout=120,
                          check=True).stdout.split()

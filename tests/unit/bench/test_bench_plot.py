@@ -32,6 +32,7 @@ def report(versus: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("versus", [None, {"skipped": "no val folder"}])
+@pytest.mark.slow
 def test_png_is_written_valid_and_not_blank(tmp_path: Path, versus: dict[str, Any] | None) -> None:
     pyplot_loaded = "matplotlib.pyplot" in sys.modules
     path = plot_report(report(versus), tmp_path / "out" / "bench.png")

@@ -55,6 +55,7 @@ def test_is_oom(error: BaseException, oom: bool) -> None:
     assert is_oom(error) is oom
 
 
+@pytest.mark.slow
 def test_workers_rows_report_rate_wait_util_and_threads(tiny_images: Path) -> None:
     lines: list[str] = []
     rows = measure_workers(tiny_images, workers=[0, 1], batch_size=16, image_size=32, limit_batches=4, device=CPU,
@@ -73,6 +74,7 @@ def test_workers_rows_report_rate_wait_util_and_threads(tiny_images: Path) -> No
 
 @pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB"),
                                    RuntimeError("CUDA out of memory. Tried to allocate 8.00 GiB")])
+@pytest.mark.slow
 def test_an_out_of_memory_row_is_recorded_and_the_run_goes_on(monkeypatch: pytest.MonkeyPatch,
                                                               error: RuntimeError) -> None:
     class OomAtLargestBatch(Trainer):
@@ -129,6 +131,7 @@ def test_naive_vs_trainfast_is_skipped_with_the_reason(tiny_images: Path, tmp_pa
     assert "11 classes" in measure_naive_vs_trainfast(QUICK, many)["skipped"]
 
 
+@pytest.mark.slow
 def test_run_bench_writes_the_json_contract(tiny_images: Path) -> None:
     lines: list[str] = []
     report = run_bench(TINY_SPEC, tiny_images, progress=lines.append, command="trainfast bench --data x", device=CPU)

@@ -57,6 +57,7 @@ def error_lines(err: str) -> list[str]:
 # --------------------------------------------------------------------------------------------- a corrupt image
 
 @pytest.mark.parametrize("workers", ["0", "1"])
+@pytest.mark.slow
 def test_a_corrupt_image_exits_1_naming_the_file_and_the_skip_flag(corrupt: tuple[Path, Path], workers: str,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     root, bad = corrupt
@@ -151,6 +152,7 @@ def test_debug_re_raises_an_expected_error(tmp_path: Path, where: str) -> None:
         main(argv)
 
 
+@pytest.mark.slow
 def test_as_a_process_one_line_without_debug_and_the_traceback_with_it(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "trainfast", *train_argv(make_images(tmp_path / "data", 1)), "--batch-size", "4"]
     env = os.environ | {"PYTHONWARNINGS": "ignore"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
@@ -23,6 +24,7 @@ class SlowDataset(Dataset[tuple[torch.Tensor, int]]):
         return torch.randn(8), i % 2
 
 
+@pytest.mark.slow
 def test_diagnose_an_input_bound_loader() -> None:
     model = nn.Linear(8, 2)
     report = diagnose(DataLoader(SlowDataset(), batch_size=8), model=model, steps=6, warmup=1)
@@ -33,6 +35,7 @@ def test_diagnose_an_input_bound_loader() -> None:
     assert data["samples_per_s"] > 0
 
 
+@pytest.mark.slow
 def test_diagnose_a_compute_bound_step_on_in_memory_data() -> None:
     x, y = torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,))
     model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1),
@@ -70,6 +73,7 @@ def test_doctor_context_manager_around_a_loop() -> None:
     assert doctor.report.to_json()["script"]["target"] == "Doctor()"
 
 
+@pytest.mark.slow
 def test_steps_spanning_validation_are_left_out() -> None:
     """A validation pass between two optimizer steps is not that step's data wait (seen in the doctor's own run)."""
     from trainfast import TrainConfig, Trainer, make_loader

@@ -209,6 +209,7 @@ def _near(pixels: np.ndarray, colour: str, tolerance: int = 10) -> np.ndarray:
     return np.asarray(np.all(np.abs(pixels.astype(np.int16) - rgb) <= tolerance, axis=-1), dtype=bool)
 
 
+@pytest.mark.slow
 def test_page_renders_in_headless_chromium(tmp_path: Path) -> None:
     chromium = _chromium_or_skip()
     from PIL import Image

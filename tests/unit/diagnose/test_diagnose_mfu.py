@@ -27,6 +27,7 @@ for _ in range(200):
 """
 
 
+@pytest.mark.slow
 def test_a_compute_bound_loop_gets_its_flops_and_mfu_against_a_measured_cpu_peak(tmp_path: Path) -> None:
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
@@ -47,6 +48,7 @@ def test_a_compute_bound_loop_gets_its_flops_and_mfu_against_a_measured_cpu_peak
 
 
 @pytest.mark.torch_compile
+@pytest.mark.slow
 def test_a_compiled_model_is_not_counted_and_says_why(tmp_path: Path) -> None:
     script = tmp_path / "loop.py"
     script.write_text(LOOP.replace("opt = ", "model = torch.compile(model)\nopt = "))

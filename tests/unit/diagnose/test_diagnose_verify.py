@@ -208,6 +208,7 @@ def fake_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.mark.skipif(os.name != "posix", reason="a /bin/sh stand-in for the child interpreter")
+@pytest.mark.slow
 def test_verify_fixes_aba_gains_failures_and_ranking(fake_child: Path, tmp_path: Path) -> None:
     recs = [
         Recommendation("slower", "t", "w", "f", 4.0, overrides={"pin_memory": True}),

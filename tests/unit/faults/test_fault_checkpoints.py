@@ -26,6 +26,7 @@ from trainfast.trainer import CheckpointError, NonFiniteLossError, load_checkpoi
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_killed_during_a_checkpoint_write_leaves_the_previous_one(tmp_path: Path) -> None:
     """SIGKILL while torch.save is writing: last.pt is still the previous, complete checkpoint; the orphaned
     temporary file is removed when training starts again."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import faulthandler
+import gc
 import multiprocessing
 import os
 import pickle
@@ -147,6 +148,7 @@ def first_batch_error(loader: Loader) -> LoaderError:
 # ----------------------------------------------------------------------------------------------- a worker hangs
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_worker_hanging_past_timeout_names_the_causes_and_is_stopped(no_leaked_workers: None,
                                                                      short_shutdown_grace: float) -> None:
     loader = loader_of(Hangs(seconds=40), 1, timeout_s=1, multiprocessing_context="fork")
@@ -167,6 +169,7 @@ def test_worker_hanging_past_timeout_names_the_causes_and_is_stopped(no_leaked_w
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_a_hung_worker_that_ignores_sigterm_is_still_stopped(no_leaked_workers: None,
                                                              short_shutdown_grace: float) -> None:
     """In `Trainer.fit` workers ignore the stop signals; torch's own shutdown ends a hung one with SIGTERM."""
@@ -192,6 +195,7 @@ def test_slow_batches_within_the_timeout_are_fine(no_leaked_workers: None) -> No
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.slow
 def test_worker_killed_by_sigkill_names_out_of_memory(context: str, machine: None, no_leaked_workers: None) -> None:
     error = first_batch_error(loader_of(KillsItself(signal.SIGKILL), 1, multiprocessing_context=context))
     message = str(error)
@@ -273,6 +277,9 @@ def test_a_real_emfile_while_reading_images_is_a_loader_error_not_a_bad_image(ti
     dataset = ImageFolder(tiny_images / "val", image_size=16, on_bad_sample="skip", max_bad_fraction=1.0)
     loader = loader_of(dataset, 0)
     held: list[int] = []
+    # Files left open by earlier tests' garbage would close when a collection runs mid-read and lend the read a
+    # descriptor: collect them first.
+    gc.collect()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     low = max(fd for fd in map(int, os.listdir("/proc/self/fd"))) + 8 if os.path.isdir("/proc/self/fd") else 256
     if soft != resource.RLIM_INFINITY and soft <= low:

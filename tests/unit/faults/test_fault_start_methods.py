@@ -29,6 +29,7 @@ def batches(dataset: Dataset[Any], workers: int, context: str | None) -> list[An
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.slow
 def test_plain_dataset_two_workers_match_the_main_process(context: str) -> None:
     want = batches(Draws(40, GLOBAL_RNGS, dtype=torch.float64), 0, None)
     got = batches(Draws(40, GLOBAL_RNGS, dtype=torch.float64), 2, context)
@@ -41,6 +42,7 @@ def test_plain_dataset_two_workers_match_the_main_process(context: str) -> None:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.slow
 def test_image_folder_two_workers_match_the_main_process(context: str, tiny_images: Path) -> None:
     dataset = ImageFolder(tiny_images / "train", image_size=24, train=True)  # random crops and flips
     want = batches(dataset, 0, None)

@@ -52,6 +52,7 @@ def run(model: Timed, ckpt: Path | None = None, *, resume: bool = False, stop: o
     return trainer
 
 
+@pytest.mark.slow
 def test_runs_whose_choices_agree_end_bit_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     stop_at: Callable[[int], object]) -> None:
     monkeypatch.setattr(cpufeatures, "cpu_bf16", lambda: "AVX512-BF16")  # the bf16 prior and its A/B

@@ -124,6 +124,7 @@ def _image_run(tiny_images: Path, ckpt: Path | None, *, workers: int, callbacks:
 
 
 @pytest.mark.parametrize("stop_step", [4, 13])  # mid first epoch, mid second epoch (10 batches per epoch)
+@pytest.mark.slow
 def test_resume_after_sigterm_is_bit_exact(tiny_images: Path, tmp_path: Path, stop_step: int,
                                            stop_at: Callable[[int], object]) -> None:
     reference = _image_run(tiny_images, None, workers=2)
