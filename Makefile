@@ -27,9 +27,10 @@ test: install
 test-fast: install
 	$(PY) -m pytest tests/unit -q -x -m "not slow"
 
-# many-seed stress runs (the suite keeps a few seeds of each)
+# many-seed and full-size stress runs (the suite keeps a few seeds of each, and a smaller size)
 stress: install
 	TRAINFAST_RANK_SKEW_SEEDS=20 $(PY) -m pytest tests/integration/test_rank_skew.py
+	TRAINFAST_STRESS=1 $(PY) -m pytest -m stress
 
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -232,10 +232,14 @@ def mount_tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Tmpfs]]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `gpu` skip, with the reason, on machines without CUDA."""
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device; this machine has none")
+    """Tests marked `gpu` skip, with the reason, on machines without CUDA; tests marked `stress` unless
+    TRAINFAST_STRESS=1 (`make stress`)."""
+    skips = {"stress": pytest.mark.skip(reason="a stress run: make stress runs it (TRAINFAST_STRESS=1)")}
+    if not torch.cuda.is_available():
+        skips["gpu"] = pytest.mark.skip(reason="needs a CUDA device; this machine has none")
+    if os.environ.get("TRAINFAST_STRESS") == "1":
+        del skips["stress"]
     for item in items:
-        if item.get_closest_marker("gpu"):
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if item.get_closest_marker(marker):
+                item.add_marker(skip)

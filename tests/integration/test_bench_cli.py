@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from trainfast.bench.demo import QUICK
+from trainfast.bench.demo import FULL, QUICK, DemoSpec
 from trainfast.bench.sweeps import BenchSpec
 from trainfast.cli import bench
 
@@ -102,5 +102,44 @@ def test_help_has_worked_examples(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_info.value.code == 0 and "trainfast bench --quick" in out and "--markdown" in out
 
 
+def test_steps_sets_every_row_s_steps_and_is_in_the_command(tiny_images: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    seen: list[tuple[BenchSpec, str]] = []
+
+    def fake_bench(spec: BenchSpec, root: Path, *, progress: object, command: str) -> None:
+        seen.append((spec, command))
+        raise SystemExit(0)  # what is measured is run_bench's own tests' business
+
+    monkeypatch.setattr(bench, "run_bench", fake_bench)
+    with pytest.raises(SystemExit):
+        bench_main("--quick", "--data", str(tiny_images), "--steps", "7")
+    spec, command = seen[0]
+    assert (spec.worker_batches, spec.precision_steps) == (7, 7) and spec.demo == QUICK
+    assert command == f"trainfast bench --quick --data {tiny_images} --steps 7"
+    assert "3 rows of 7 batches" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("steps", ["3", "0", "x"])
+def test_steps_that_leave_nothing_to_time_exit_2(steps: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bench_main("--quick", "--steps", steps)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--steps" in err and steps in err, err
+    if steps == "3":
+        assert "the first 3 of each row are warm-up; give 4 or more" in err
+
+
+def test_demo_epochs_replaces_the_spec_s_epochs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainfast.cli import demo
+    seen: list[DemoSpec] = []
+    monkeypatch.setattr(demo, "run_demo", lambda spec, repeats: seen.append(spec) or {})
+    parser = argparse.ArgumentParser(prog="trainfast")
+    demo.register(parser.add_subparsers(dest="command", required=True))
+    for argv in (["demo", "--quick", "--epochs", "2"], ["demo", "--quick"], ["demo", "--epochs", "1"]):
+        args = parser.parse_args(argv)
+        assert args.run(args, args.command_parser) == 0
+    assert seen == [replace(QUICK, epochs=2), QUICK, replace(FULL, epochs=1)]
+
+
 # The real `--quick` (demo data, default rows) runs end to end as the bench part of benchmarks/gpu.sh, whose
-# report tests/integration/test_gpu_script.py checks.
+# report tests/integration/test_gpu_script.py checks (make stress; make test runs it smaller).

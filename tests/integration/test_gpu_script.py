@@ -31,12 +31,17 @@ needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machi
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_gpu_script_runs_every_part_on_the_cpu(demo_cache: Path, tmp_path: Path) -> None:
-    """Its bench and demo parts are the real `trainfast bench --quick` (demo data, default rows) and `trainfast demo
-    --quick`, run here as the CLI runs them, and their reports are checked in full."""
+@pytest.mark.parametrize("size", ["small", pytest.param("full", marks=pytest.mark.stress)])
+def test_gpu_script_runs_every_part_on_the_cpu(size: str, demo_cache: Path, tiny_images: Path,
+                                               tmp_path: Path) -> None:
+    """Its bench and demo parts are the real `trainfast bench --quick` and `trainfast demo --quick`, run here as the
+    CLI runs them, and their reports are checked in full. make test runs them smaller (bench on the tiny dataset with
+    4 steps a row, the demo for 2 of its 3 epochs: still enough to learn), make stress at gpu.sh's size."""
     out = tmp_path / "out"
     env = os.environ | {"OUT": str(out), "PYTHON": sys.executable, "ALLOW_CPU": "1",  # the CPU smoke test, on purpose
                         "SUITE_ARGS": "--device cpu --tiny", "LIMIT_SCALE": "3", "TRAINFAST_CACHE": str(demo_cache)}
+    if size == "small":
+        env |= {"BENCH_ARGS": f"--steps 4 --data {tiny_images}", "DEMO_ARGS": "--epochs 2"}
     rc, stdout, stderr, _ = run_script(env, timeout=580)
     assert rc == 0, stdout[-4000:] + stderr[-2000:]
     assert "== ALLOW_CPU=1: CUDA is not available" in stdout, stdout[:2000]
@@ -50,7 +55,9 @@ def test_gpu_script_runs_every_part_on_the_cpu(demo_cache: Path, tmp_path: Path)
     assert [r["num_workers"] for r in bench["workers"]][:3] == [0, 1, 2]
     assert all(r["samples_per_s"] for r in bench["workers"])
     assert [r["batch_size"] for r in bench["precision"]] == [64, 64, 128, 128, 256, 256]
-    assert bench["naive_vs_trainfast"]["naive"]["steps"] == 3 * 25
+    batches = 80 // 64 if size == "small" else 25  # a whole epoch of batch 64: the tiny or the quick dataset
+    assert bench["naive_vs_trainfast"]["naive"]["steps"] == 3 * batches
+    assert bench["settings"]["precision_steps"] == (4 if size == "small" else 12)
     assert (out / "bench.png").stat().st_size > 10_000 and (out / "bench.md").exists()
     demo = json.loads((out / "demo.json").read_text())
     assert [r["name"] for r in demo["runs"]] == ["naive", "trainfast"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -13,17 +14,19 @@ from rich.console import Console
 from trainfast.atomic import json_text, write_output
 from trainfast.bench.sweeps import FULL_BENCH, QUICK_BENCH, run_bench, worker_counts
 from trainfast.bench.tables import render, to_markdown
-from trainfast.cli.flags import check_data_root
+from trainfast.cli.flags import check_data_root, positive_int
 from trainfast.data.packed import PackedImages
 from trainfast.data.splits import ImageData, describe_packed, open_split
 from trainfast.data.synthetic import ensure_demo_dataset
 from trainfast.host import available_cpus
+from trainfast.trainer.clock import WARMUP_STEPS
 
 EXAMPLES = """examples:
   trainfast bench --quick                                   # about 1-2 minutes on 2 CPU cores
   trainfast bench --json bench.json --markdown bench.md --plot bench.png
   trainfast bench --data ~/data/pets --quick --plot pets.png   # your own <root>/train/<class>/<image>
   trainfast bench --data ~/data/pets-packed --quick            # a folder written by 'trainfast pack'
+  trainfast bench --quick --steps 6                         # fewer steps a row: sooner, noisier figures
 
 Three measurements, each row printed as it finishes:
   workers    the reference ConvNet (64 px, batch 64; fp32 on the CPU, precision 'auto' on CUDA) trained by
@@ -56,6 +59,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--data", type=Path, default=None, metavar="DIR",
                    help="image folder with train/<class>/<image> (val/ optional), or a 'trainfast pack' output; "
                         "default: the demo dataset")
+    p.add_argument("--steps", type=positive_int, default=None, metavar="N",
+                   help=f"steps per row of the workers and precision tables, the first {WARMUP_STEPS} untimed "
+                        "(default: 20 and 12 with --quick, 60 and 30 without); more steps, steadier figures")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the report as JSON")
     p.add_argument("--plot", type=Path, default=None, metavar="PATH", help="write a PNG of the report (matplotlib)")
     p.add_argument("--markdown", type=Path, default=None, metavar="PATH",
@@ -75,6 +81,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         except PlotUnavailableError as e:
             parser.error(str(e))
     spec = QUICK_BENCH if args.quick else FULL_BENCH
+    if args.steps is not None:
+        if args.steps <= WARMUP_STEPS:
+            parser.error(f"--steps {args.steps} leaves no step to time: the first {WARMUP_STEPS} of each row are "
+                         f"warm-up; give {WARMUP_STEPS + 1} or more")
+        spec = replace(spec, worker_batches=args.steps, precision_steps=args.steps)
     console = Console()
     if args.data is not None:
         root = args.data.expanduser()
@@ -92,7 +103,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         console.print(f"demo dataset: {root} (generated or cached in {time.perf_counter() - started:.1f} s)",
                       markup=False, highlight=False)
     command = shlex.join(["trainfast", "bench", *(["--quick"] if args.quick else []),
-                          *(["--data", str(args.data)] if args.data is not None else [])])
+                          *(["--data", str(args.data)] if args.data is not None else []),
+                          *(["--steps", str(args.steps)] if args.steps is not None else [])])
     workers = list(spec.workers) if spec.workers is not None else worker_counts(available_cpus())
     console.print(f"measuring: num_workers {workers[0]}..{workers[-1]} ({len(workers)} rows of "
                   f"{spec.worker_batches} batches), {2 * len(spec.batch_multipliers)} precision rows of "
