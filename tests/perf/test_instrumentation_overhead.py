@@ -11,30 +11,35 @@ when every step took a median of the last 100 steps and searched each list batch
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from doctor_overhead import measure
-
+BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "doctor_overhead.py"
 BOUND = 0.04
 
 
+def measure(out: Path) -> dict:
+    """One run of the benchmark, as `python benchmarks/doctor_overhead.py` runs it (1 thread), in a process of its
+    own: a script's heap, not the test session's, which makes every scan for the model several times slower and
+    leaves the session's other threads beside it."""
+    done = subprocess.run([sys.executable, str(BENCHMARK), "--pairs", "40", "--json", str(out)], capture_output=True,
+                          text=True, timeout=170)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
 @pytest.mark.slow
-def test_hooks_cost_a_bounded_share_of_a_tiny_step() -> None:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        # Noise on a shared machine only ever adds time: up to three attempts, the best one counts.
-        results = []
-        for _ in range(3):
-            results.append(measure(pairs=40))
-            if results[-1]["hook_cost_fraction"] < BOUND:
-                break
-    finally:
-        torch.set_num_threads(threads)
+@pytest.mark.timeout(540)
+def test_hooks_cost_a_bounded_share_of_a_tiny_step(tmp_path: Path) -> None:
+    # Noise on a shared machine only ever adds time: up to three attempts, the best one counts.
+    results = []
+    for attempt in range(3):
+        results.append(measure(tmp_path / f"{attempt}.json"))
+        if results[-1]["hook_cost_fraction"] < BOUND:
+            break
     best = min(results, key=lambda r: r["hook_cost_fraction"])
     assert best["hook_cost_us"] < BOUND * best["tiny_step_us"], results
