@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import ZIP_WRITER_FULL
 from trainfast import atomic
 from trainfast.data.synthetic import DemoSize, ensure_demo_dataset
 
@@ -118,12 +119,6 @@ def demo_cache(_shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """$TRAINFAST_CACHE pointed at a folder shared by the session, so the demo dataset is generated once."""
     monkeypatch.setenv("TRAINFAST_CACHE", str(_shared_cache))
     return _shared_cache
-
-
-# What torch.save raises when the volume fills up under it (torch 2.13): its C++ zip writer reports the short write
-# as a RuntimeError, not an OSError (the first from write_end_of_file on a full tmpfs).
-ZIP_WRITER_FULL = ("[enforce fail at inline_container.cc:672] . unexpected pos 2346560 vs 2346452",
-                   "PytorchStreamWriter failed writing file data/0: file write failed")
 
 
 def no_space() -> OSError:

@@ -203,3 +203,9 @@ def train_blobs(ckpt: Path, epochs: int, *, val: bool = False, **overrides: Any)
     trainer = Trainer(nn.Linear(8, 4), config=config)
     trainer.fit(make_loader((x, y), 16), make_loader((x, y), 64, shuffle=False) if val else None, resume=True)
     return trainer
+
+
+# What torch.save raises when the volume fills up under it (torch 2.13): its C++ zip writer reports the short write
+# as a RuntimeError, not an OSError (the first from write_end_of_file on a full tmpfs).
+ZIP_WRITER_FULL = ("[enforce fail at inline_container.cc:672] . unexpected pos 2346560 vs 2346452",
+                   "PytorchStreamWriter failed writing file data/0: file write failed")
