@@ -14,7 +14,7 @@ def test_tune_then_train_with_the_tuned_loader(tiny_images: Path, cache_dir: Pat
                                                capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "tune.json"
     common = ["--data", str(tiny_images), "--image-size", "16", "--batch-size", "8"]
-    assert main(["tune", *common, "--model", "mlp", "--budget-s", "15", "--json", str(out)]) == 0
+    assert main(["tune", *common, "--model", "mlp", "--budget-s", "5", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert {"chosen", "chosen_samples_per_s", "baseline_samples_per_s", "trials", "sweep_seconds"} <= set(result)
     for trial in result["trials"]:
