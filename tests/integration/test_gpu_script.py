@@ -36,12 +36,13 @@ def test_gpu_script_runs_every_part_on_the_cpu(size: str, demo_cache: Path, tiny
                                                tmp_path: Path) -> None:
     """Its bench and demo parts are the real `trainfast bench --quick` and `trainfast demo --quick`, run here as the
     CLI runs them, and their reports are checked in full. make test runs them smaller (bench on the tiny dataset with
-    4 steps a row, the demo for 2 of its 3 epochs: still enough to learn), make stress at gpu.sh's size."""
+    4 steps a row, the demo for 1 of its 3 epochs), make stress at gpu.sh's size, where both of the demo's runs must
+    also learn (after one epoch of 25 steps both are still at chance on the CPU)."""
     out = tmp_path / "out"
     env = os.environ | {"OUT": str(out), "PYTHON": sys.executable, "ALLOW_CPU": "1",  # the CPU smoke test, on purpose
                         "SUITE_ARGS": "--device cpu --tiny", "LIMIT_SCALE": "3", "TRAINFAST_CACHE": str(demo_cache)}
     if size == "small":
-        env |= {"BENCH_ARGS": f"--steps 4 --data {tiny_images}", "DEMO_ARGS": "--epochs 2"}
+        env |= {"BENCH_ARGS": f"--steps 4 --data {tiny_images}", "DEMO_ARGS": "--epochs 1"}
     rc, stdout, stderr, _ = run_script(env, timeout=580)
     assert rc == 0, stdout[-4000:] + stderr[-2000:]
     assert "== ALLOW_CPU=1: CUDA is not available" in stdout, stdout[:2000]
@@ -65,7 +66,9 @@ def test_gpu_script_runs_every_part_on_the_cpu(size: str, demo_cache: Path, tiny
     assert naive["steps"] == fast["steps"] > 0
     for run in demo["runs"]:
         assert {"samples_per_s", "data_wait_fraction", "steps", "final_loss", "val_accuracy"} <= set(run)
-        assert run["val_accuracy"] > 0.25  # 10 classes: chance is 0.10
+        assert 0 <= run["val_accuracy"] <= 1
+        if size == "full":
+            assert run["val_accuracy"] > 0.25  # 10 classes: chance is 0.10
     assert demo["speedup"] > 0
     assert demo["speedup"] == pytest.approx(fast["samples_per_s"] / naive["samples_per_s"])
     assert demo["hardware"]["cpus"] >= 1
