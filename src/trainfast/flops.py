@@ -9,6 +9,7 @@ The first count in a process imports torch._dynamo (~1 s on a 2-core CPU): the d
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Callable
@@ -160,11 +161,21 @@ def _device_name(device: torch.device) -> str:
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype, *, threads: int | None = None) -> Peak:
-    """The table's figure for a known CUDA GPU at the run's matmul precision, else a measured peak (~1 s)."""
+    """The table's figure for a known CUDA GPU at the run's matmul precision, else a peak measured once per process
+    for each device, dtype, thread count and precision: ~1 s, which a process that trains or diagnoses many times (a
+    sweep, a notebook, the tests: 29 doctor runs paid 19 s) would pay at each."""
+    precision, name = precision_of(device, dtype), _device_name(device)
     if device.type == "cuda":
-        known = table_peak(_device_name(device), precision_of(device, dtype))
+        known = table_peak(name, precision)
         if known is not None:
             return known
+    return _measured_once(device, name, dtype, torch.get_num_threads() if threads is None else threads, precision)
+
+
+@functools.lru_cache(maxsize=16)
+def _measured_once(device: torch.device, name: str, dtype: torch.dtype, threads: int, precision: str) -> Peak:
+    """Keyed by all that changes the figure: the device, dtype and threads, and the precision (TF32 on or off changes
+    a float32 peak on CUDA)."""
     return measured_peak(device, dtype, threads=threads)
 
 

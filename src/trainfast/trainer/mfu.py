@@ -3,7 +3,6 @@ device's peak at the settled precision, taken once per fit."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import sys
 import time
@@ -13,7 +12,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from trainfast.flops import FlopCounter, Peak, Utilisation, peak_flops, precision_of, utilisation
+from trainfast.flops import FlopCounter, Peak, Utilisation, peak_flops, utilisation
 
 log = logging.getLogger("trainfast")
 
@@ -47,7 +46,7 @@ class MfuMeter:
         seconds it took. A measured peak (CPU, unlisted GPU) costs ~1 s, once per process for each setting."""
         started = time.perf_counter()
         if self.reason is None:
-            self.peak = _peak(device, dtype, torch.get_num_threads(), precision_of(device, dtype))
+            self.peak = peak_flops(device, dtype, threads=torch.get_num_threads())
             if say:
                 log.info("peak %.3g TFLOP/s for MFU (%s)", self.peak.flops_per_s / 1e12, self.peak.source)
         return time.perf_counter() - started
@@ -71,13 +70,6 @@ def weight_dtype(model: nn.Module) -> torch.dtype:
     """The dtype an un-autocast model's matmuls run in: its first floating parameter's (float32 if unusual)."""
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     return dtype if dtype in (torch.bfloat16, torch.float16, torch.float64) else torch.float32
-
-
-@functools.lru_cache(maxsize=16)
-def _peak(device: torch.device, dtype: torch.dtype, threads: int, precision: str) -> Peak:
-    """peak_flops, once per process for each setting (`precision` tells TF32 on from off): a measured peak costs
-    ~1 s, which a process that fits many times (a sweep, the tests) would pay at each."""
-    return peak_flops(device, dtype, threads=threads)
 
 
 def _uncountable(model: nn.Module) -> str | None:
