@@ -24,7 +24,6 @@ class SlowDataset(Dataset[tuple[torch.Tensor, int]]):
         return torch.randn(8), i % 2
 
 
-@pytest.mark.slow
 def test_diagnose_an_input_bound_loader() -> None:
     model = nn.Linear(8, 2)
     report = diagnose(DataLoader(SlowDataset(), batch_size=8), model=model, steps=6, warmup=1)
@@ -35,7 +34,6 @@ def test_diagnose_an_input_bound_loader() -> None:
     assert data["samples_per_s"] > 0
 
 
-@pytest.mark.slow
 def test_diagnose_a_compute_bound_step_on_in_memory_data() -> None:
     x, y = torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,))
     model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1),

@@ -89,7 +89,6 @@ def _batch(n: int = 4, labels: bool = True) -> dict[str, torch.Tensor]:
     return next(iter(DataLoader(TokenDataset(labels=labels), batch_size=n)))
 
 
-@pytest.mark.slow
 def test_diagnose_counts_samples_of_dict_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     replayed: list[int] = []
 

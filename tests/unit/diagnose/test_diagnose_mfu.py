@@ -27,7 +27,6 @@ for _ in range(200):
 """
 
 
-@pytest.mark.slow
 def test_a_compute_bound_loop_gets_its_flops_and_mfu_against_a_measured_cpu_peak(tmp_path: Path) -> None:
     script = tmp_path / "loop.py"
     script.write_text(LOOP)

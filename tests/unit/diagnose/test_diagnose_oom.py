@@ -79,7 +79,6 @@ def test_the_cli_says_the_cpu_allocator_ran_out_of_memory(tmp_path: Path, capsys
 
 
 @pytest.mark.parametrize(("reserved", "fragmented"), [(10 * GIB, True), (GIB + 2**20, False)])
-@pytest.mark.slow
 def test_a_cuda_snapshot_with_cached_blocks_names_expandable_segments(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], reserved: int,
         fragmented: bool) -> None:
@@ -105,7 +104,6 @@ def test_a_cuda_snapshot_with_cached_blocks_names_expandable_segments(
     assert ("expandable_segments:True" in oom["advice"]) is fragmented
 
 
-@pytest.mark.slow
 def test_a_script_that_fails_otherwise_has_no_oom_entry(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = script(tmp_path, 'ValueError("the data ran out of unicorns")')
     assert main(["doctor", "--warmup", "1", str(path)]) == 1

@@ -40,7 +40,6 @@ BODIES = {
 
 
 @pytest.mark.parametrize(("body", "expected"), [("never set", False), ("set", True), ("set, put back on exit", True)])
-@pytest.mark.slow
 def test_the_report_has_the_scripts_cudnn_benchmark(body: str, expected: bool, tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.format(body=BODIES[body]))

@@ -156,7 +156,6 @@ def test_agreement_on_torchruns_agent_store(server: Any) -> None:
                                                                        if k.startswith("trainfast/doctor/attempt_3/")]
 
 
-@pytest.mark.slow
 def test_gains_are_timed_on_a_replay_not_on_extra_steps_under_an_agreement(
         tmp_path: Any, monkeypatch: pytest.MonkeyPatch, server: Any) -> None:
     """Under torchrun the candidate fixes are timed on a copy of the model (no collective in it), never on extra

@@ -149,7 +149,6 @@ def test_a_torch_runtime_error_that_is_not_oom_propagates() -> None:
     assert not is_oom(caught.value)
 
 
-@pytest.mark.slow
 def test_modes_buffers_and_grads_are_left_as_they_were(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bs, "free_memory", REAL_RELEASE)
     model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.1), nn.Linear(8, 3))
@@ -308,7 +307,6 @@ def test_result_to_json() -> None:
     assert data["tried"][0] == {"batch_size": 8, "fitted": True, "seconds": data["tried"][0]["seconds"]}
 
 
-@pytest.mark.slow
 def test_real_cpu_run_reaches_max_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bs, "free_memory", REAL_RELEASE)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))

@@ -125,7 +125,6 @@ class Recording(nn.Module):
         return out
 
 
-@pytest.mark.slow
 def test_each_batch_size_try_is_timed_between_syncs(events: Events) -> None:
     bs.find_batch_size(Recording(events), torch.randn(4), device="cpu", start=2, max_batch=8)
     forwards = [i for i, e in enumerate(events) if e[0] == "forward"]
