@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -25,6 +25,8 @@ EXAMPLES = """examples:
   trainfast doctor --json report.json --html report.html train.py
   trainfast doctor --max-seconds 120 train.py        # stop the script after 2 minutes, report what it measured
   trainfast doctor --verify train.py -- data/        # re-run the script per fix: measured beside expected gain
+  trainfast doctor --whole-run train.py              # run it to its end: start-up, evaluation, checkpoints, goodput
+  trainfast doctor --whole-run --tensorboard runs/doctor train.py   # ... and the figures as TensorBoard scalars
   trainfast doctor train.py --steps 50 -- --lr 0.1   # doctor options after SCRIPT too, when -- ends them
 
 The script runs unmodified, in this process, as __main__. A step is one training iteration: its optimizer
@@ -35,6 +37,11 @@ as a doctor run (up to --max-seconds); --verify-repeats N does all of that N tim
 Under torchrun every rank runs the doctor and all stop at the same step; rank 0 prints the job's one report
 (its samples/s summed over the ranks, a row per rank, and the straggler: the rank whose data wait, copies or host
 work the others wait for in the all-reduce) and writes --json/--html; --verify is single-process only.
+--whole-run lets the script run to its own end (or --max-seconds) with the hooks on, then accounts for every
+second of it: start-up (process start to the first training batch), compile, train (the steps, split as above),
+evaluation (no-grad forwards of the model in eval mode, their batches), checkpoint (torch.save, safetensors,
+torch.distributed.checkpoint writes), epoch_start (iter() to the first batch) and other (printing, sleeping, the
+rest); goodput is train's share. The doctor's own work inside the run is left out of the wall time and shown.
 Exit code: the script's own when it ends by itself or crashes (the report is printed first), 0 when the
 doctor stops it after the measured steps, 2 for bad arguments, 1 when --json/--html could not be written (a
 full volume: the report is printed, then why). A script that runs out of memory (CUDA or
@@ -58,6 +65,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--verify-repeats", type=positive_int, default=1, metavar="N",
                    help="with --verify: repeat the baseline/fixes/baseline sequence N times and take the median "
                         "(default: 1)")
+    p.add_argument("--whole-run", action="store_true",
+                   help="let the script run to its end (or --max-seconds) and account for all of its wall time: "
+                        "start-up, compilation, training steps, evaluation, checkpoint writes, epoch starts, the rest; "
+                        "goodput, throughput over time, drift, and fixes ranked by their gain on the whole run")
+    p.add_argument("--tensorboard", type=Path, default=None, metavar="DIR",
+                   help="with --whole-run: write the throughput over time, the step's split and the phases to DIR as "
+                        "TensorBoard scalars")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the report as JSON")
     p.add_argument("--html", type=Path, default=None, metavar="PATH", help="write a self-contained HTML report")
     p.add_argument("-m", dest="module", default=None, metavar="MODULE", help="run a module instead of a script")
@@ -91,8 +105,18 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         refusal = torchrun_refusal(target, module=bool(args.module))
         if refusal is not None:  # before the script runs: nothing to measure twice
             parser.error(refusal)
+    if args.tensorboard is not None:
+        from trainfast.tensorboard import TensorBoardUnavailableError, require_tensorboard
+
+        if not args.whole_run:
+            parser.error(f"--tensorboard {args.tensorboard} writes a whole run's figures: add --whole-run")
+        try:
+            require_tensorboard()
+        except TensorBoardUnavailableError as e:  # before the script runs, not after
+            parser.error(str(e))
     result = run_doctor(target, module=bool(args.module), args=script_args, steps=args.steps, warmup=args.warmup,
-                        max_seconds=args.max_seconds)
+                        max_seconds=args.max_seconds, whole_run=args.whole_run,
+                        from_process_start=_own_process())
     if args.verify:
         _verify(result.report, target, module=bool(args.module), script_args=script_args, args=args)
     if result.rank != 0:
@@ -117,9 +141,35 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             written = False
         else:
             console.print(f"{what}: {path}")
+    if args.tensorboard is not None and result.report.whole_run is not None:
+        written = _tensorboard(result.report.whole_run, args.tensorboard, console, parser) and written
     if result.error:
         print(result.error, file=sys.stderr, end="")
     return result.exit_code if written else result.exit_code or 1
+
+
+def _tensorboard(whole: dict[str, Any], folder: Path, console: Console, parser: argparse.ArgumentParser) -> bool:
+    """The whole run's throughput over time, step split and phases as TensorBoard scalars in `folder`."""
+    from trainfast.diagnose.wholerun import scalars
+    from trainfast.tensorboard import ScalarWriter
+
+    try:
+        with ScalarWriter(folder) as writer:
+            for step, values in scalars(whole):
+                writer.scalars(step, values)
+    except OSError as e:
+        print(f"{parser.prog}: error: the TensorBoard events could not be written to {folder}: {e}. The report "
+              "above is complete; only these files are missing", file=sys.stderr, flush=True)
+        return False
+    console.print(f"TensorBoard scalars: {folder} (tensorboard --logdir {folder})")
+    return True
+
+
+def _own_process() -> bool:
+    """This process was started as `trainfast` (or `python -m trainfast`): its start is the run's start (a whole
+    run's start-up counts the interpreter and the imports); not when `main()` is called inside another program."""
+    path = Path(sys.argv[0])
+    return path.name == "trainfast" or (path.name == "__main__.py" and path.parent.name == "trainfast")
 
 
 def _other_rank(result: DoctorRun, args: argparse.Namespace) -> int:
@@ -232,7 +282,8 @@ def _doctor_options_after_script(script_args: list[str], args: argparse.Namespac
 
 # The doctor's own options that may also come after SCRIPT (before a `--`); -m, -q and --debug may not (a script's
 # --debug is its own)
-MEASURING = frozenset({"steps", "warmup", "max_seconds", "verify", "verify_repeats", "json", "html"})
+MEASURING = frozenset({"steps", "warmup", "max_seconds", "verify", "verify_repeats", "json", "html", "whole_run",
+                       "tensorboard"})
 
 
 def _option_strings(parser: argparse.ArgumentParser) -> set[str]:

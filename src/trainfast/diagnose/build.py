@@ -3,6 +3,7 @@ qualify them (report.py holds the result)."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import replace
 from typing import Any
 
@@ -15,6 +16,7 @@ from trainfast.diagnose.instrument import Instrumentation, Observations
 from trainfast.diagnose.mfu import compute_entry, with_peak
 from trainfast.diagnose.recommend import not_offered, recommend, why_no_input_fix
 from trainfast.diagnose.report import Report
+from trainfast.diagnose.runfixes import WholeRun, whole_run_fixes
 from trainfast.diagnose.timeline import Timeline
 from trainfast.monitor import Monitor
 
@@ -22,9 +24,10 @@ from trainfast.monitor import Monitor
 def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monitor: Monitor | None = None,
                  env: dict[str, Any] | None = None, script: dict[str, Any] | None = None,
                  loader_headroom: float | None = None, notes: list[str] | None = None,
-                 oom: dict[str, Any] | None = None) -> Report:
+                 oom: dict[str, Any] | None = None, whole: WholeRun | None = None) -> Report:
     """Turn what the hooks recorded into fractions, a verdict and ranked fixes (the only device sync). `oom`: the
-    runner's entry for a script that died of an out-of-memory error; the measured steps before it still count."""
+    runner's entry for a script that died of an out-of-memory error; the measured steps before it still count.
+    `whole`: a whole run's accounting (runfixes.py): its section, and every fix ranked by its gain on the run."""
     timeline.finish()
     observed = instrumentation.observed
     if measured.device_of(observed) == "cuda":
@@ -77,6 +80,11 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
                      f"{probe[0]} intra-op thread(s), the count that would leave cores for them (measured)")
     elif (unaddressed := why_no_input_fix(evidence, recommendations)) is not None:
         notes.append(unaddressed)
+    if whole is not None:
+        recommendations, run_notes = whole_run_fixes(
+            whole.entry, recommendations, trial=whole.trial, loaders=list(instrumentation.loaders),
+            step_wait_s=statistics.median(r.wait_s for r in records) if records else None, bandwidth=whole.bandwidth)
+        notes.extend(run_notes)
     if records and evidence.samples_per_s is None:
         notes.append("samples/s unknown: no tensor with a batch dimension was found in the batches (tuples, lists, "
                      "dicts and dataclasses are searched); the step times stand")
@@ -89,7 +97,7 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
         env=env or {}, monitor=monitored.monitor_json(monitor), script=script or {}, notes=notes,
         step_signal=timeline.signal, input_source=timeline.input_source, seen=timeline.seen(),
         step_spread=spread, intervals={k: list(v) for k, v in intervals.items()} if intervals else None,
-        contention=contention, oom=oom, compute=compute)
+        contention=contention, oom=oom, compute=compute, whole_run=whole.entry if whole is not None else None)
 
 
 def _observed_json(evidence: Evidence, observed: Observations, *, gpu_util: float | None,

@@ -42,9 +42,10 @@ from torch.utils.data import DataLoader
 
 from trainfast.diagnose.devicetime import DeviceTimer
 from trainfast.diagnose.evidence import LoaderStats
+from trainfast.diagnose.ledger import Ledger
 from trainfast.diagnose.loaders import batch_info, describe_loader
 from trainfast.diagnose.models import batch_axis, root_modules
-from trainfast.diagnose.timeline import Timeline
+from trainfast.diagnose.timeline import Timeline, _Step
 from trainfast.dynamo import dynamo_counts
 from trainfast.flops import FlopCounter
 from trainfast.loader.memory import TensorLoader
@@ -130,16 +131,22 @@ class _TimedIterator:
             inst.fetching = False
         got = perf_counter()
         stats = self._stats
-        if self._first:
+        ledger = inst.ledger
+        first = self._first
+        if first:
             self._first = False
             stats.startup_s.append(got - self._started)
             if stats.batch_bytes is None:
                 stats.batch_bytes, stats.image_hw = batch_info(batch)
+            if ledger is not None and torch.is_grad_enabled():
+                ledger.epoch_started(self._started, asked, got)
         stats.batches += 1
         stats.wait_s += got - asked
         if not torch.is_grad_enabled():  # an evaluation pass (validation runs under no_grad / inference_mode)
             stats.evaluation_batches += 1
             inst.timeline.evaluation_fetch()
+            if ledger is not None:  # (an evaluation epoch's start-up is the pass's)
+                ledger.eval_fetch(self._started if first else asked, asked, got)
             return batch
         samples = batch_samples(batch, stats.batch_size or 0)
         if stats.batch_size and samples > stats.batch_size:  # not a batch dimension (a first tensor of points)
@@ -162,8 +169,10 @@ class Instrumentation:
     """Install the hooks on entry, remove every one on exit (also when the script raises)."""
 
     def __init__(self, timeline: Timeline, *, time_transfers: bool | None = None,
-                 on_loader: Callable[[Any], None] | None = None, device_timer: DeviceTimer | None = None) -> None:
+                 on_loader: Callable[[Any], None] | None = None, device_timer: DeviceTimer | None = None,
+                 ledger: Ledger | None = None) -> None:
         self.timeline = timeline
+        self.ledger = ledger  # a whole run's (ledger.py): every step, evaluation pass, save, print and sleep
         self.on_loader = on_loader  # called before each iter() of a loader: the pre-flight checks
         self.fetching = False  # inside a timed loader's next()
         self.optimizer_stepped = 0  # optimizer steps seen by the hook (a GradScaler's skipped step is not one)
@@ -218,6 +227,8 @@ class Instrumentation:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.ledger is not None:
+            self.ledger.uninstall()
         while self._undo:
             self._undo.pop()()
         self.timeline.finish()  # the last step, waiting for an iteration that will not come
@@ -244,6 +255,9 @@ class Instrumentation:
     # ---- the hooks
     def _install(self) -> None:
         timeline, observed = self.timeline, self.observed
+        if self.ledger is not None:
+            self.ledger.steps_closed = lambda: timeline.closed_steps
+            self.ledger.install(self._patch)
 
         def wrap_iter(original: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterator[Any]]:
             def timed_iter(loader: Any) -> Iterator[Any]:
@@ -322,9 +336,18 @@ class Instrumentation:
         if self.events is not None:
             self.events.work_done()
 
-    def _step_closed(self, measured: bool) -> None:
-        """The timeline closed a step: keep the compile counters and CUDA events in step with it."""
+    def _step_closed(self, measured: bool, step: _Step) -> None:
+        """The timeline closed a step: keep the compile counters and CUDA events in step with it, and give a whole
+        run's ledger its span."""
         observed, timeline = self.observed, self.timeline
+        ledger = self.ledger
+        if ledger is not None:
+            ledger.loader_fed = timeline.loader_fed
+            first_input = step.first_ask if step.first_ask is not None else (
+                step.first_forward if step.first_no_grad is None or step.first_forward is None
+                else min(step.first_forward, step.first_no_grad))
+            ledger.step(step.start, step.end, step.wait, step.transfer, first_input,
+                        step.samples or step.forward_samples, step.opening)
         if not observed.dynamo_at_warmup and timeline.measuring:
             observed.dynamo_at_warmup = dynamo_counts()
         if measured and not observed.dynamo_at_end and timeline.phases[0].done:
@@ -333,7 +356,7 @@ class Instrumentation:
             self.discover("step")
         if self.events is not None:
             self.events.step_closed(measured)
-        elif (not self.scanning and observed.dynamo_at_warmup and self.device_timer.settled
+        elif (ledger is None and not self.scanning and observed.dynamo_at_warmup and self.device_timer.settled
               and (observed.dynamo_at_end or timeline.max_steps is None)):  # (no step limit: __exit__ takes it)
             timeline.on_close = None  # nothing left to do per step: save the call (~0.5 us)
 
@@ -391,7 +414,13 @@ class Instrumentation:
             self._discovered_on.discard(trigger)
         if not self.timeline.forwards:
             self._watch_entries()
-        self.timeline.pause(perf_counter() - started)
+        self.doctor_time(perf_counter() - started, "scan")
+
+    def doctor_time(self, seconds: float, what: str) -> None:
+        """The doctor itself just spent `seconds` on `what` (a scan, the timed candidates): not the script's."""
+        self.timeline.pause(seconds)
+        if self.ledger is not None:
+            self.ledger.doctor(seconds, what)
 
     def _watch_entries(self) -> None:
         """No root was called yet: the loop may reach its model through other methods (a wrapper's `__getattr__`,
@@ -433,7 +462,11 @@ class Instrumentation:
             if id(module) in roots:
                 if entries:
                     self._drop_entries()
-                on_forward(module, args, kwargs)
+                if on_forward(module, args, kwargs):  # an evaluation forward of a whole run: its end is timed
+                    try:
+                        return original(module, *args, **kwargs)
+                    finally:
+                        self.ledger.eval_forward_end(perf_counter())  # type: ignore[union-attr]
             elif entries and id(module) in entries and not self._in_entry:
                 on_forward(module, args, kwargs)
                 self._in_entry = True  # its submodules' calls are inside this forward
@@ -446,13 +479,15 @@ class Instrumentation:
         self._patch(cls, "__call__", call)
         return True
 
-    def _on_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _on_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """A root's forward begins: True when a whole run's ledger times it as evaluation."""
         if self.fetching or self.paused:  # a module inside the dataset (a transform), not the model
-            return
+            return False
         timeline = self.timeline
         if not torch.is_grad_enabled():  # an evaluation pass, or a collection phase (timeline.py)
-            timeline.evaluation_forward(perf_counter(), module.training)
-            return
+            now = perf_counter()
+            timeline.evaluation_forward(now, module.training)
+            return self.ledger is not None and self.ledger.eval_forward(now, module, args, kwargs, module.training)
         if id(module) not in self.last_calls:  # (a lookup, not a store, per forward: ~0.1 us less per step)
             self.last_calls[id(module)] = (module, (args, kwargs))
         if not self.device_timer.settled:
@@ -460,12 +495,13 @@ class Instrumentation:
         if timeline.loader_fed:  # batches come from a loader: its fetches start iterations and count samples
             timeline.forwards += 1
             timeline.training_forwards += 1
-            return
+            return False
         first = args[0] if args else None
         timeline.forward(perf_counter(), self._input_samples(module, args, kwargs),
                          first if isinstance(first, torch.Tensor) else None)
         if self.events is not None and timeline.in_measured_step:
             self.events.batch_ready()
+        return False
 
     def _input_samples(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
         first = args[0] if args else None

@@ -66,7 +66,7 @@ def gain_probe(timeline: Timeline, instrumentation: Instrumentation) -> Callable
                                     budget_s=min(MAX_PROBE_S, BUDGET_SHARE * left))
         finally:
             instrumentation.paused = False
-            timeline.pause(time.perf_counter() - started)
+            instrumentation.doctor_time(time.perf_counter() - started, "probe")
         trials.trials = skipped | trials.trials
         instrumentation.observed.trials = trials
     return on_phase_end

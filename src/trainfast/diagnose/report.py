@@ -49,6 +49,8 @@ class Report:
     rank: int = 0  # the rank whose report this is
     ranks: list[dict[str, Any]] | None = None  # each rank's own figures, in rank order
     straggler: dict[str, Any] | None = None  # {rank, phase, seconds_per_step, share}: the rank the others wait for
+    # `doctor --whole-run`: the whole run's phases, goodput, throughput over time and drift (wholerun.py)
+    whole_run: dict[str, Any] | None = None
 
     @property
     def data_wait_fraction(self) -> float | None:
@@ -86,6 +88,7 @@ class Report:
             "rank": self.rank,
             "ranks": self.ranks,
             "straggler": self.straggler,
+            "whole_run": self.whole_run,
             "timeline": [{"end_s": r.end_s, "total_s": r.total_s, "wait_s": r.wait_s, "transfer_s": r.transfer_s,
                           "host_s": r.host_s, "collect_s": r.collect_s, "compute_s": r.compute_s, "samples": r.samples,
                           "syncs": r.syncs}

@@ -51,13 +51,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 from trainfast.diagnose.build import build_report
 from trainfast.diagnose.instrument import Instrumentation, Observations
+from trainfast.diagnose.ledger import Ledger
 from trainfast.diagnose.probe_hook import gain_probe
 from trainfast.diagnose.ranks import job_report
 from trainfast.diagnose.report import Report
+from trainfast.diagnose.runfixes import WholeRun, whole_run_entry
 from trainfast.diagnose.timeline import MEASURE, StopMeasuring, Timeline
 from trainfast.envcheck.environment import environment, preflight
 from trainfast.launch import launch_env
@@ -226,16 +229,24 @@ def _alarm(seconds: float | None, timeline: Timeline) -> Iterator[None]:
 
 def run_doctor(target: str, *, module: bool = False, args: list[str] | None = None, steps: int = 30,
                warmup: int = 5, max_seconds: float | None = DEFAULT_MAX_SECONDS,
-               monitor_interval_s: float = 0.5, probe_gains: bool = True) -> DoctorRun:
+               monitor_interval_s: float = 0.5, probe_gains: bool = True, whole_run: bool = False,
+               from_process_start: bool = False) -> DoctorRun:
     """Run `target` (a script path, or a module name with `module=True`) and measure `steps` steps, stopping it
     after `max_seconds` of wall time whatever it has measured by then (None: no limit). `probe_gains=False` skips
-    timing the candidate fixes on a copy of the model (a `--verify` run measures the fix itself)."""
+    timing the candidate fixes on a copy of the model (a `--verify` run measures the fix itself). `whole_run`: the
+    script runs on after the measured steps, to its end (or `max_seconds`), and the report accounts for all of it
+    (wholerun.py): from the process's start with `from_process_start` (the CLI: the interpreter and the imports are
+    the script's start-up too), else from this call."""
+    entered = time.perf_counter()
     if not module and not Path(target).is_file():
         raise FileNotFoundError(f"no script at {target!r}; give a Python file, or -m MODULE for a module")
     if max_seconds is not None and not max_seconds > 0:
         raise ValueError(f"max_seconds={max_seconds!r}: give a positive number of seconds, or None for no limit")
     timeline = Timeline(warmup_steps=warmup, max_steps=steps)
-    timeline.stop_when_done = True
+    timeline.stop_when_done = not whole_run
+    ledger = None
+    if whole_run:
+        ledger = Ledger(process_start=_process_start(entered) if from_process_start else entered)
     timeline.agreement = agreement = rank_agreement()
     started = time.perf_counter()
     if max_seconds is not None:
@@ -258,7 +269,7 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
     oom: dict[str, Any] | None = None
     # torch_settings() puts back the thread count, cudnn.benchmark and TF32 the script may change
     with torch_settings(), Monitor(interval_s=monitor_interval_s) as monitor, \
-            Instrumentation(timeline, on_loader=on_loader) as inst:
+            Instrumentation(timeline, on_loader=on_loader, ledger=ledger) as inst:
         # The candidate fixes, timed on a copy of the model when the measured steps end (probe.py). Under torchrun
         # too: a replay holds no collective, so a rank that takes longer only delays its peers' next all-reduce.
         probe = gain_probe(timeline, inst) if probe_gains else None
@@ -304,6 +315,7 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
             if is_oom(e):  # now, before the failed step's tensors go with the exception's frames
                 oom = _oom_entry(e, _model_device(inst.observed))
         finally:
+            ended = time.perf_counter()
             sys.argv, sys.path[:] = saved_argv, saved_path
             os.environ.clear()
             os.environ.update(saved_env)
@@ -311,10 +323,11 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
             timeline.agreement = None  # (its store connection goes with it)
             script_benchmark = measured_benchmark[0] if measured_benchmark else torch.backends.cudnn.benchmark
         gc.collect()  # the unwound script's loaders (and their worker processes) go now, not at exit
+    whole = None if ledger is None else whole_run_entry(ledger, inst, end=ended, warmup=warmup)
     try:
         return _report(timeline, inst, monitor, checks=checks, target=target, module=module, args=args,
                        outcome=outcome, exit_code=exit_code, error=error, oom=oom, steps=steps,
-                       script_benchmark=script_benchmark, agreement=agreement)
+                       script_benchmark=script_benchmark, agreement=agreement, whole=whole)
     finally:
         # After the job's report: without torchrun's agent, rank 0's process group hosts the store the ranks
         # send their figures through
@@ -325,7 +338,7 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
 def _report(timeline: Timeline, inst: Instrumentation, monitor: Monitor, *, checks: list[dict[str, Any]],
             target: str, module: bool, args: list[str] | None, outcome: str, exit_code: int, error: str | None,
             oom: dict[str, Any] | None, steps: int, script_benchmark: bool,
-            agreement: StoreStop | None) -> DoctorRun:
+            agreement: StoreStop | None, whole: WholeRun | None = None) -> DoctorRun:
     """The run's report; under torchrun, rank 0's is the job's (ranks.py), the others send theirs."""
     env = environment()
     env["checks"] = [*env.get("checks", []), *checks]
@@ -338,13 +351,21 @@ def _report(timeline: Timeline, inst: Instrumentation, monitor: Monitor, *, chec
         notes.append(f"only {len(timeline.records)} of the {steps} requested steps were measured before the script "
                      "ended; the figures are less certain")
     with torch_settings(cudnn_benchmark=script_benchmark):  # the script's choice, which the report reads
-        report = build_report(timeline, inst, monitor=monitor, env=env, script=script, notes=notes, oom=oom)
+        report = build_report(timeline, inst, monitor=monitor, env=env, script=script, notes=notes, oom=oom,
+                              whole=whole)
     world_size = launched_ranks()
     if world_size < 2:
         return DoctorRun(report=report, exit_code=exit_code, error=error)
     report, published = job_report(report, agreement, world_size=world_size, exit_code=exit_code)
     return DoctorRun(report=report, exit_code=exit_code, error=error, rank=report.rank, world_size=world_size,
                      published=published)
+
+
+def _process_start(now: float) -> float:
+    """The process's start on the perf_counter clock (`now` is perf_counter's reading now): a whole run's start-up
+    counts from there (the interpreter, importing torch)."""
+    age = time.time() - float(psutil.Process().create_time())
+    return now - max(0.0, age)
 
 
 def _process_group_up() -> bool:

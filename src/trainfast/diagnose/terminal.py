@@ -36,6 +36,7 @@ class Shown(Protocol):
     verify: dict[str, Any] | None
     env: dict[str, Any]
     notes: list[str]
+    whole_run: dict[str, Any] | None
 
 
 def render_terminal(report: Shown, console: Console | None = None) -> None:
@@ -64,6 +65,8 @@ def render_terminal(report: Shown, console: Console | None = None) -> None:
         console.print(_split_bar(report.fractions))
         if report.compute:
             console.print(escape(compute_line(report.compute)))
+    if report.whole_run is not None:
+        render_whole_run(report.whole_run, console)
     if report.loaders:
         table = Table(title="loaders", title_justify="left")
         for column in ("#", "kind", "dataset", "workers", "pin", "persistent", "prefetch", "batches", "wait"):
@@ -74,17 +77,22 @@ def render_terminal(report: Shown, console: Console | None = None) -> None:
         console.print(table)
     if report.recommendations:
         verified = report.verify is not None
+        whole = report.whole_run is not None
         title = ("fixes, verified gains first" if verified else "fixes, measured gains first, then estimates")
+        if whole:
+            title = "fixes for the whole run, ranked by their gain on its wall time"
         table = Table(title=title, title_justify="left", show_lines=True)
-        for column in ("id", "expected", *(("verified",) if verified else ()), "fix"):
+        for column in ("id", *(("run gain",) if whole else ()), "expected", *(("verified",) if verified else ()),
+                       "fix"):
             table.add_column(column, overflow="fold")
         for r in report.recommendations:
             basis = "measured" if r.gain_basis != "estimate" else "estimate"  # (verified: its own column)
             expected = f"{r.expected_gain:.2f}x\n{basis}" if r.expected_gain else f"?\n{basis}"
+            run = (f"{r.run_gain:.2f}x" if r.run_gain else "-",) if whole else ()
             measured = (f"{r.measured_gain:.2f}x" if r.measured_gain is not None else "-",) if verified else ()
             estimate = f"\nan estimate: {r.basis_reason}" if r.gain_basis == "estimate" and r.basis_reason else ""
-            table.add_row(r.id, expected, *measured,
-                          f"[bold]{r.title}[/]\nwhy: {r.why}{estimate}\nfix: [cyan]{r.fix}[/]")
+            fix = f"\nfix: [cyan]{escape(r.fix)}[/]" if r.fix else ""
+            table.add_row(r.id, *run, expected, *measured, f"[bold]{r.title}[/]\nwhy: {r.why}{estimate}{fix}")
         console.print(table)
     elif report.verdict is not None:
         console.print("no fix to recommend from what was measured")
@@ -93,6 +101,59 @@ def render_terminal(report: Shown, console: Console | None = None) -> None:
             console.print(f"[yellow]{check['status']}[/] {check['name']}: {check['detail']} — {check.get('fix', '')}")
     for note in report.notes:
         console.print(f"note: {note}")
+
+
+PHASE_STYLE = {"startup": "blue", "compile": "magenta", "train": "green", "evaluation": "cyan",
+               "checkpoint": "yellow", "epoch_start": "red", "other": "white"}
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def render_whole_run(whole: dict[str, Any], console: Console) -> None:
+    """The `whole_run` entry: the phases with their seconds and shares, the train split, throughput over time and
+    drift, what evaluation and the checkpoint writes were."""
+    doctor = f" (the doctor's own {whole['doctor_s']:.1f} s left out)" if whole.get("doctor_s") else ""
+    console.print(f"[bold]whole run[/]: {whole['wall_s']:.1f} s{doctor} — goodput [bold]{whole['goodput']:.0%}[/] "
+                  "(the share of the wall time in training steps)")
+    table = Table(title_justify="left")
+    for column in ("phase", "seconds", "share", ""):
+        table.add_column(column)
+    for p in whole["phases"]:
+        color = PHASE_STYLE[p["phase"]]
+        table.add_row(p["phase"], f"{p['seconds']:.2f}", f"{p['share']:.1%}",
+                      f"[{color}]{'█' * round(40 * p['share'])}[/]")
+    console.print(table)
+    train = whole["train"]
+    if train["steps"]:
+        seconds = max(train["seconds"], 1e-9)
+        rate = f"{train['samples_per_s']:,.0f} samples/s over their own time; " if train["samples_per_s"] else ""
+        console.print(f"train: {train['steps']} steps, {rate}data wait {train['data_wait_s'] / seconds:.0%}, "
+                      f"transfer {train['transfer_s'] / seconds:.0%}, host {train['host_s'] / seconds:.0%}, "
+                      f"compute {train['compute_s'] / seconds:.0%}")
+    rates = [t["samples_per_s"] for t in whole["throughput"] if t["samples_per_s"]]
+    if rates:
+        low, high = min(rates), max(rates)
+        spark = "".join(SPARKS[min(7, int(8 * (r - low) / (high - low)))] if high > low else SPARKS[4] for r in rates)
+        console.print(f"throughput over time ({len(rates)} intervals): {spark}  {low:,.0f}-{high:,.0f} samples/s")
+    drift = whole["drift"]
+    style = "bold red" if drift.get("drifted") else "dim"
+    console.print(f"drift: [{style}]{escape(drift['reason'])}[/]")
+    other = whole["other"]
+    if other["logging_s"] or other["sleep_s"]:
+        console.print(f"other: printing/logging {other['logging_s']:.2f} s, sleeping {other['sleep_s']:.2f} s, host "
+                      f"work between phases {other['host_s']:.2f} s")
+    evaluation = whole["evaluation"]
+    if evaluation["passes"]:
+        precision = ("under autocast" if evaluation["autocast_forwards"] == evaluation["forwards"] else
+                     "in the model's own precision (no autocast)" if not evaluation["autocast_forwards"] else
+                     "partly under autocast")
+        console.print(f"evaluation: {evaluation['passes']} pass(es), {evaluation['forwards']} forward(s) {precision}, "
+                      f"data wait {evaluation['data_wait_s']:.2f} s")
+    checkpoint = whole["checkpoint"]
+    if checkpoint["count"]:
+        rate = (f", {checkpoint['bytes'] / 1e6 / checkpoint['seconds']:,.0f} MB/s" if checkpoint["bytes"]
+                and checkpoint["seconds"] > 0 else "")
+        console.print(f"checkpoint: {checkpoint['count']} write(s), {checkpoint['bytes'] / 1e6:,.1f} MB in "
+                      f"{checkpoint['seconds']:.2f} s{rate}; training blocked {checkpoint['blocking_s']:.2f} s")
 
 
 def compute_line(compute: dict[str, Any]) -> str:

@@ -208,7 +208,8 @@ class Timeline:
         self.measure_ended_monotonic: float | None = None  # time.monotonic() at the end of the last measured step
         self._to_monotonic = time.monotonic() - self.started  # perf_counter -> monotonic: the monitor's clock
         self.on_phase_end: Callable[[str], None] | None = None
-        self.on_close: Callable[[bool], None] | None = None  # after each step closes: was it a measured one?
+        # after each step closes: was it a measured one, and the step (its span: a whole run's ledger keeps them all)
+        self.on_close: Callable[[bool, _Step], None] | None = None
         self.phases = [_Phase(MEASURE, warmup_steps, max_steps)]
         self._phase: _Phase | None = self.phases[0]  # the first phase not done
         self._cur = _Step(self.started, opening=True)
@@ -388,7 +389,7 @@ class Timeline:
             self._no_grad_counts.append(step.evaluation_forwards)
             self._collect_counts.append(step.collect_forwards)
             if self.on_close is not None:
-                self.on_close(measured and phase is not None and phase.name == MEASURE)
+                self.on_close(measured and phase is not None and phase.name == MEASURE, step)
             if phase is not None and phase.done and not phase.ended:
                 phase.ended = True
                 if self.on_phase_end is not None:

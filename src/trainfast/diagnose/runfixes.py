@@ -1,0 +1,230 @@
+"""Fixes for the time a whole run spends outside its training steps, ranked with the step fixes by their gain on the
+whole run (Amdahl on each phase's measured share of the wall time).
+
+- `eval_autocast`: evaluation ran in fp32 while training ran under autocast: the script's own model and first
+  evaluation input timed both ways (`eval_trial`: no_grad in fp32 against inference_mode + the training's autocast),
+  the factor applied to the evaluation's compute (its data wait stays);
+- `eval_less_often`: evaluation's share halved (an estimate: how often to evaluate is the script's choice);
+- `async_checkpoint`: the writes' blocking time, less a copy of their bytes to host memory (timed here) that a
+  background write still blocks for;
+- `persistent_workers`: every epoch after the first restarts the loader's workers: the measured epoch starts, less
+  one first batch each (what a kept worker still takes to deliver it: the step's median data wait);
+- `startup` and `compile`: named with their seconds (a compile cache where torch.compile ran), no gain claimed.
+A step fix's gain (on the step) becomes 1 / (1 - t + t / g) on the run, t the train phase's share.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainfast.diagnose.evidence import LoaderStats
+from trainfast.diagnose.ledger import Ledger, module_device_type
+from trainfast.diagnose.probe import MARGIN, Trial
+from trainfast.diagnose.recommend import MIN_GAIN, Recommendation
+from trainfast.diagnose.wholerun import account
+from trainfast.dynamo import dynamo_counts
+from trainfast.units import format_bytes
+
+if TYPE_CHECKING:
+    from trainfast.diagnose.instrument import Instrumentation
+
+# Evaluation below this share of the run: not worth a fix of its own
+MIN_SHARE = 0.03
+# The evaluation trial: rounds of fp32 / mixed pairs after a warm-up each, within this many seconds
+EVAL_ROUNDS, EVAL_MIN_ROUNDS, EVAL_BUDGET_S = 7, 3, 5.0
+# A copy to host memory of this many bytes times the memory bandwidth that a background write still blocks for
+COPY_PROBE_BYTES = 64 * 2**20
+
+
+@dataclass
+class WholeRun:
+    """What a whole run measured for the report: the `whole_run` entry (wholerun.py), the evaluation's precision
+    trial and the host-memory copy bandwidth a background checkpoint write would still block for."""
+
+    entry: dict[str, Any]
+    trial: Trial | None = None
+    bandwidth: float | None = None
+
+
+def whole_run_entry(ledger: Ledger, instrumentation: Instrumentation, *, end: float, warmup: int) -> WholeRun:
+    """Account for the run that ended at `end` (perf_counter), then time what its fixes need (after the script: the
+    doctor's time, not the script's)."""
+    observed = instrumentation.observed
+    compiled = observed.compiled_model or dynamo_counts().get("frames", 0) > observed.dynamo_at_start.get("frames", 0)
+    entry = account(ledger, end=end, compiled=compiled, warmup=warmup)
+    share = {p["phase"]: p["share"] for p in entry["phases"]}
+    trial = eval_trial(ledger, tuple(sorted(observed.autocast))) if share["evaluation"] >= MIN_SHARE else None
+    if trial is not None:
+        entry["evaluation"]["trial"] = trial.to_json()
+    ledger.eval_call = None
+    bandwidth = copy_bandwidth() if entry["checkpoint"]["blocking_s"] > 0 else None
+    return WholeRun(entry, trial, bandwidth)
+
+
+def amdahl(share: float, factor: float) -> float:
+    """The whole run's gain when a part taking `share` of it gets `factor` times faster."""
+    return 1.0 / (1.0 - share + share / factor) if factor > 0 else 1.0
+
+
+def _removed(share: float) -> float:
+    """The whole run's gain when a part taking `share` of it goes away."""
+    return 1.0 / (1.0 - share) if share < 1 else float("inf")
+
+
+def eval_trial(ledger: Ledger, autocast: tuple[tuple[str, str], ...]) -> Trial | None:
+    """Time the first evaluation forward as the script ran it (fp32, no_grad) against inference_mode under the
+    training's autocast dtype, interleaved; None where evaluation already ran under autocast or training did not."""
+    call = ledger.eval_call
+    passes = ledger.passes
+    if call is None or not autocast or not passes or any(p.autocast_forwards for p in passes):
+        return None
+    module, args, kwargs = call
+    device = module_device_type(module)
+    dtype = next((getattr(torch, d) for dev, d in autocast if dev == device), None)
+    if dtype is None:
+        return None
+    name = str(dtype).replace("torch.", "")
+    setting = f"{name} autocast + inference_mode"
+    was_training = module.training
+
+    def timed(mixed: bool) -> float:
+        started = time.perf_counter()
+        if mixed:
+            with torch.inference_mode(), torch.autocast(device, dtype=dtype):
+                module(*args, **kwargs)
+        else:
+            with torch.no_grad():
+                module(*args, **kwargs)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - started
+    module.eval()
+    try:
+        warm = [timed(False), timed(True)]
+        rounds = min(EVAL_ROUNDS, int(EVAL_BUDGET_S / max(sum(warm), 1e-6)))
+        if rounds < EVAL_MIN_ROUNDS:
+            return Trial("eval_autocast", setting, reason=f"an evaluation forward pair took {sum(warm):.1f} s: "
+                         f"{EVAL_MIN_ROUNDS} rounds do not fit {EVAL_BUDGET_S:g} s", value=(device, name))
+        ratios, bases = [], []
+        for _ in range(rounds):
+            base = timed(False)
+            ratios.append(base / timed(True))
+            bases.append(base)
+    except RuntimeError as e:
+        return Trial("eval_autocast", setting, reason=f"it failed on this model ({str(e).splitlines()[0]})")
+    finally:
+        module.train(was_training)
+        ledger.eval_call = None  # the model and its batch go with the script
+    return Trial("eval_autocast", setting, factor=statistics.median(ratios), low=min(ratios), high=max(ratios),
+                 rounds=rounds, faster_rounds=sum(r > 1 for r in ratios), base_s=statistics.median(bases),
+                 value=(device, name))
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a copy to host memory, timed once on `COPY_PROBE_BYTES` (the best of 3)."""
+    source = torch.empty(COPY_PROBE_BYTES, dtype=torch.uint8)
+    target = torch.empty_like(source)
+    best = min(_timed_copy(source, target) for _ in range(3))
+    return COPY_PROBE_BYTES / best if best > 0 else float("inf")
+
+
+def _timed_copy(source: torch.Tensor, target: torch.Tensor) -> float:
+    started = time.perf_counter()
+    target.copy_(source)
+    return time.perf_counter() - started
+
+
+def whole_run_fixes(whole: dict[str, Any], step_fixes: list[Recommendation], *, trial: Trial | None,
+                    loaders: list[LoaderStats], step_wait_s: float | None,
+                    bandwidth: float | None) -> tuple[list[Recommendation], list[str]]:
+    """The step fixes with their whole-run gain, and the fixes for the phases outside the steps, ranked together
+    by whole-run gain (those with a gain first, measured before estimates); and notes on what was measured and not
+    offered."""
+    share = {p["phase"]: p["share"] for p in whole["phases"]}
+    seconds = {p["phase"]: p["seconds"] for p in whole["phases"]}
+    wall = whole["wall_s"]
+    found: list[Recommendation] = []
+    notes: list[str] = []
+    for r in step_fixes:
+        gain = r.measured_gain or r.expected_gain
+        found.append(replace(r, run_gain=amdahl(share["train"], gain) if gain else None))
+    evaluation = whole["evaluation"]
+    if share["evaluation"] >= MIN_SHARE:
+        eval_compute = max(0.0, seconds["evaluation"] - evaluation["data_wait_s"])
+        if trial is not None and trial.factor is not None and trial.faster:
+            part = eval_compute / wall if wall > 0 else 0.0
+            device, dtype = trial.value
+            found.append(Recommendation(
+                "eval_autocast", f"Evaluate under {trial.setting}",
+                f"evaluation took {share['evaluation']:.0%} of the run ({seconds['evaluation']:.1f} s) in fp32 while "
+                f"training ran under autocast; its forward ran {trial.factor:.2f}x as fast under {trial.setting} "
+                f"({trial.spread()}, on the script's own model and evaluation batch)",
+                f"with torch.inference_mode(), torch.autocast({device!r}, dtype=torch.{dtype}): around the "
+                "evaluation forwards",
+                amdahl(part, trial.factor), gain_basis="measured", run_gain=amdahl(part, trial.factor)))
+        elif trial is not None:
+            notes.append(f"evaluation under {trial.setting} was timed on the script's model: "
+                         + (f"{trial.factor:.2f}x ({trial.spread()}), not faster than fp32 here" if trial.factor
+                            else f"not measured: {trial.reason}"))
+        found.append(Recommendation(
+            "eval_less_often", "Evaluate less often, or on fewer batches",
+            f"evaluation took {share['evaluation']:.0%} of the run: {evaluation['passes']} pass(es), "
+            f"{evaluation['forwards']} forward(s), {seconds['evaluation']:.1f} s",
+            "halve the evaluation interval's frequency (eval_interval x2) or its batches (eval_iters / 2)",
+            _removed(share["evaluation"] / 2), gain_basis="estimate", run_gain=_removed(share["evaluation"] / 2),
+            basis_reason="the measured share halved: how often to evaluate is the script's choice"))
+    checkpoint = whole["checkpoint"]
+    if share["checkpoint"] >= MIN_SHARE / 3 and checkpoint["blocking_s"] > 0:
+        blocking = [w for w in checkpoint["writes"] if not w["background"]]
+        written = sum(w["bytes"] or 0 for w in blocking)
+        copy_s = written / bandwidth if bandwidth else 0.0
+        saved = max(0.0, seconds["checkpoint"] - copy_s)
+        rate = f", {written / 1e6 / checkpoint['blocking_s']:.0f} MB/s" if written else ""
+        found.append(Recommendation(
+            "async_checkpoint", "Write checkpoints in the background",
+            f"{len(blocking)} checkpoint write(s) stopped training for {seconds['checkpoint']:.1f} s "
+            f"({share['checkpoint']:.0%} of the run; {format_bytes(written)}{rate}); a copy to host memory of the "
+            f"same bytes takes {copy_s:.2f} s here (timed)",
+            "torch.distributed.checkpoint.async_save(state, checkpoint_id=...), or copy the state to CPU tensors "
+            "and torch.save them in a thread", wall / (wall - saved) if wall > saved else None, gain_basis="measured",
+            run_gain=wall / (wall - saved) if wall > saved else None))
+    restarts = whole["epoch_start"]["seconds"][1:]
+    persistent = [s.persistent_workers for s in loaders if s.num_workers and s.batches > s.evaluation_batches]
+    if restarts and persistent and not any(persistent) and share["epoch_start"] > 0:
+        kept = (step_wait_s or 0.0) * len(restarts)
+        saved = max(0.0, sum(restarts) - kept)
+        gain = wall / (wall - saved) if wall > saved else None
+        if gain is not None and gain >= 1.005:
+            found = [r for r in found if r.id != "persistent_workers"]
+            found.append(Recommendation(
+                "persistent_workers", "Keep the loader's workers alive between epochs",
+                f"{len(restarts)} epoch(s) restarted the loader's workers: {sum(restarts):.1f} s from iter() to "
+                f"the first batch ({share['epoch_start']:.0%} of the run, the first epoch's start included)",
+                "DataLoader(..., persistent_workers=True)", gain, overrides={"persistent_workers": True},
+                gain_basis="measured", run_gain=gain))
+    if seconds["compile"] > 0:
+        found.append(_note("compile", f"torch.compile took {seconds['compile']:.1f} s ({share['compile']:.0%}) of "
+                           "the first steps: a compile cache (TORCHINDUCTOR_FX_GRAPH_CACHE=1, on by default in recent "
+                           "torch; torch.compiler.save_cache_artifacts) keeps it for the next run"))
+    if share["startup"] >= MIN_SHARE:
+        found.append(_note("startup", f"start-up took {seconds['startup']:.1f} s ({share['startup']:.0%}) before "
+                           "the first training batch: imports, building the data and the model (tokenising, "
+                           "indexing files): cache what the script builds each run"))
+    offered = [r for r in found if r.run_gain is None or r.run_gain >= MIN_GAIN or r.id in ("compile", "startup")]
+    ranked = sorted(offered, key=lambda r: (r.run_gain is None, r.gain_basis == "estimate", -(r.run_gain or 0.0)))
+    return ranked, notes
+
+
+def _note(fix_id: str, why: str) -> Recommendation:
+    """A phase named with its seconds, no gain claimed."""
+    return Recommendation(fix_id, {"compile": "Compilation", "startup": "Start-up"}[fix_id], why, "", None,
+                          gain_basis="estimate", basis_reason="named with its measured seconds; what a change "
+                          "saves depends on the script")
+
+
+__all__ = ["MARGIN", "amdahl", "copy_bandwidth", "eval_trial", "whole_run_fixes"]
