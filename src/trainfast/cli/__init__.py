@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from trainfast.atomic import OutputWriteError
 from trainfast.bench.plot import PlotUnavailableError
-from trainfast.cli import bench, demo, doctor, env, pack, train, tune
+from trainfast.cli import bench, compare, demo, doctor, env, pack, train, tune
 from trainfast.data.decode import CorruptImageError
 from trainfast.launch import launch_env
 from trainfast.loader.faults import LoaderError
@@ -27,7 +27,7 @@ from trainfast.trainer.loop import NonFiniteLossError, TrainingOutOfMemoryError
 from trainfast.tune.batch_size import BatchSizeError
 from trainfast.version import __version__
 
-COMMANDS = (train, pack, demo, doctor, tune, bench, env)
+COMMANDS = (train, pack, demo, doctor, compare, tune, bench, env)
 BAD_INPUT, FAILED = 2, 1
 # trainfast's own expected failures and their exit codes, most specific first: 2 for what the user gave, 1 for
 # what went wrong during the work. Anything else is a bug and keeps its traceback.
@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n  trainfast demo --quick\n  trainfast train --epochs 2 --checkpoint-dir runs/a\n"
                "  trainfast pack ~/data/pets ~/data/pets-packed --image-size 96\n"
                "  torchrun --standalone --nproc-per-node=2 -m trainfast train --epochs 2\n"
-               "  trainfast doctor train.py -- --lr 0.1\n  trainfast tune\n  trainfast bench --quick --plot bench.png\n"
+               "  trainfast doctor train.py -- --lr 0.1\n"
+               "  trainfast compare --fail-slower 5 base.json new.json\n"
+               "  trainfast tune\n  trainfast bench --quick --plot bench.png\n"
                "  trainfast env\n\n"
                "'trainfast <command> --help' shows each command's flags and examples.")
     parser.add_argument("--version", action="version", version=f"trainfast {__version__}")

@@ -1,0 +1,528 @@
+"""Two doctor reports side by side (`trainfast compare BASE NEW`), and the regression gate on them (pure functions).
+
+What is compared. A window report (`trainfast doctor`): samples/s, and each part of the step in seconds per step
+(the mean over the `timeline` rows of `wait_s`, `transfer_s`, `host_s`, `collect_s`, `compute_s`, and of
+`total_s`). A whole-run report (`whole_run` not null): wall time per sample (`whole_run.seconds_per_sample`), the
+training phase's samples/s, each part of a training step from the `throughput` intervals, each phase's seconds and
+share, and goodput.
+
+The units of noise. A window report's units are its measured steps (`timeline` rows); a whole run's are its
+`throughput` intervals (consecutive steps, over their own training time), all but the first, which holds the
+warm-up and any compilation. A report needs `MIN_UNITS` of them: fewer cannot show how much its speed varies.
+
+The interval of a change. Each report's units are resampled with replacement (`RESAMPLES` times, seeded, so the
+same two reports always give the same intervals), independently for BASE and NEW; each resample gives NEW's
+figure over BASE's: seconds per sample (the sum of the units' seconds over the sum of their samples) and each
+part's seconds per step. The 2.5th and 97.5th percentiles of those ratios are the 95 % interval of the change. The
+headline ratio is the reports' own figures (samples/s over the measured window, or the whole run's wall time per
+sample), with the interval's relative width from the resampling around the units' own ratio: the units measure the
+noise, the reports state the figure. Phases and goodput are one figure per run, with no spread to take an interval
+from: they are shown without one.
+
+The gate (`judge`). "% slower" is NEW's time per sample over BASE's, less 1 (15 % slower: each sample takes 1.15x
+as long, samples/s x 1/1.15); the measure is samples/s for a window report and the wall time per sample for a whole
+run. With `fail_slower` PCT:
+- fail (exit 1) when the slowdown's lower bound, the interval's edge closest to no change, is above PCT %: slower by
+  more than PCT beyond the noise;
+- cannot decide (exit 0, with a warning) when the interval reaches above PCT % but not its lower bound, and its
+  half-width (the noise) is larger than PCT: these two runs cannot tell a PCT % slowdown from none. Measuring more
+  steps (or on a quieter machine) narrows it. Passing is the choice here: a gate that failed on noise would fail
+  runs of the same script; the warning says the gate did not judge;
+- cannot decide either when a run the verdict rests on was slowed by other processes (the report's
+  `contention`: at least `CONTENTION_CORES` cores busy, and `CONTENTION_SHARE` of the machine's): a failure whose
+  NEW was contended (the slowdown may be theirs), a pass whose BASE was (a slowed yardstick hides a slowdown);
+- pass (exit 0) otherwise.
+So a slowdown fails whenever it exceeds PCT by more than the noise: at `--fail-slower 5`, a 15 % slowdown fails
+whenever the half-width is under 10 %, and when it is wider the gate says it cannot decide. Two runs of the same
+script fail only when their measured gap exceeds PCT beyond the noise of both, with NEW uncontended.
+
+The interval covers the noise within each run, step to step. A shift between the two runs as a whole is not noise
+the steps can show: other processes' CPU use is judged above; the notes name what else the reports record (a
+different torch, CPU count or GPU, a script that failed), and PCT is the allowance for the rest.
+
+Reports that cannot be compared raise `IncomparableError` naming why: not a doctor report, a different script or
+arguments, a different shape (loaders' batch sizes, world size), a whole run against a window, no or too few
+measured steps, no samples counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+MIN_UNITS = 10  # measured steps (window) or throughput intervals after the first (whole run) per report
+RESAMPLES = 2000
+CONFIDENCE = 0.95
+SEED = 0
+RESAMPLE_CELLS = 2_000_000  # resamples x units drawn at once (16 MB of counts), however many units a report has
+# A run measured while other processes kept this many cores busy (the doctor's own note), and at least this share
+# of the machine's cores (half a core of daemons is nothing on 64), was slowed by them
+CONTENTION_CORES = 0.5
+CONTENTION_SHARE = 0.1
+REQUIRED = ("samples_per_s", "timeline", "script", "loaders", "world_size")
+WINDOW, WHOLE_RUN = "window", "whole_run"
+# a step's parts: (name shown, timeline row key, throughput interval key or None)
+PARTS = (("data wait", "wait_s", "data_wait_s"), ("transfer", "transfer_s", "transfer_s"),
+         ("host", "host_s", "host_s"), ("collection", "collect_s", None), ("compute", "compute_s", "compute_s"))
+STEP = "step"  # the whole step's seconds, beside its parts
+
+
+Ratios = NDArray[np.float64]
+
+
+class IncomparableError(ValueError):
+    """Two reports that cannot be compared; the message names why in one line."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One figure in BASE and NEW. `interval_pct`: the 95 % interval of the % change, None where the figure has
+    no spread to take one from (phases, goodput) or BASE's is 0."""
+
+    name: str
+    unit: str  # "samples/s", "s/sample", "s/step", "s" or "share"
+    base: float | None
+    new: float | None
+    interval_pct: tuple[float, float] | None = None
+    base_share: float | None = None  # a phase's share of the wall time
+    new_share: float | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        """NEW over BASE; None without both or with BASE 0."""
+        if self.base is None or self.new is None or self.base == 0:
+            return None
+        return self.new / self.base
+
+    @property
+    def change_pct(self) -> float | None:
+        ratio = self.ratio
+        return None if ratio is None else (ratio - 1) * 100
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "unit": self.unit, "base": self.base, "new": self.new,
+                               "ratio": self.ratio, "change_pct": self.change_pct,
+                               "interval_pct": list(self.interval_pct) if self.interval_pct else None}
+        if self.base_share is not None or self.new_share is not None:
+            out |= {"base_share": self.base_share, "new_share": self.new_share}
+        return out
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """NEW's time per sample over BASE's, less 1, in %: positive slower, negative faster; with its interval."""
+
+    measure: str  # "samples/s" (window) or "wall time per sample" (whole run)
+    pct: float
+    low_pct: float
+    high_pct: float
+
+    @property
+    def noise_pct(self) -> float:
+        """The interval's half-width: how far the runs' own spread leaves the change uncertain."""
+        return (self.high_pct - self.low_pct) / 2
+
+    def to_json(self) -> dict[str, Any]:
+        return {"measure": self.measure, "pct": self.pct, "interval_pct": [self.low_pct, self.high_pct],
+                "noise_pct": self.noise_pct}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    kind: str  # WINDOW or WHOLE_RUN
+    measure: Change  # samples/s (window) or wall time per sample (whole run)
+    slowdown: Slowdown
+    rates: list[Change]  # a whole run's training samples/s; empty for a window (its measure is samples/s)
+    parts: list[Change]  # seconds per step: the step, then each part
+    phases: list[Change] = field(default_factory=list)  # whole runs
+    goodput: Change | None = None  # whole runs
+    units: tuple[int, int] = (0, 0)  # steps (window) or throughput intervals (whole run) behind the intervals
+    notes: list[str] = field(default_factory=list)
+    # BASE's and NEW's contention (`contention`): other processes slowed that run, what the gate may not judge on
+    contended: tuple[str | None, str | None] = (None, None)
+
+    @property
+    def rows(self) -> list[Change]:
+        """Every figure, in the order shown."""
+        return [self.measure, *self.rates, *self.parts, *self.phases, *([self.goodput] if self.goodput else [])]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "measure": self.measure.to_json(), "slowdown": self.slowdown.to_json(),
+                "rates": [c.to_json() for c in self.rates], "parts": [c.to_json() for c in self.parts],
+                "phases": [c.to_json() for c in self.phases],
+                "goodput": self.goodput.to_json() if self.goodput else None,
+                "units": {"base": self.units[0], "new": self.units[1],
+                          "of": "steps" if self.kind == WINDOW else "throughput intervals"},
+                "confidence": CONFIDENCE, "resamples": RESAMPLES, "notes": list(self.notes),
+                "contended": {"base": self.contended[0], "new": self.contended[1]}}
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The regression gate's verdict (`judge`): `verdict` is the one line to print."""
+
+    fail_slower_pct: float | None
+    decided: bool  # False: the noise is wider than the threshold and the gate could not judge
+    failed: bool
+    verdict: str
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"fail_slower_pct": self.fail_slower_pct, "decided": self.decided, "failed": self.failed,
+                "exit_code": self.exit_code, "verdict": self.verdict}
+
+
+@dataclass(frozen=True)
+class _Units:
+    """A report's units of noise as columns: samples, seconds, steps and each part's seconds."""
+
+    samples: list[float]
+    seconds: list[float]
+    steps: list[float]
+    parts: dict[str, list[float]]  # part name -> seconds per unit (STEP included)
+
+    def __len__(self) -> int:
+        return len(self.seconds)
+
+
+# ------------------------------------------------------------------------------------------------ checks
+
+
+def check_report(report: Any, name: str) -> None:
+    """Raise IncomparableError unless `report` looks like a doctor report's JSON."""
+    if not isinstance(report, Mapping):
+        raise IncomparableError(f"{name} is not a trainfast doctor report (a JSON {type(report).__name__}, not an "
+                                "object); write one with: trainfast doctor --json PATH script.py")
+    missing = [k for k in REQUIRED if k not in report]
+    if missing:
+        raise IncomparableError(f"{name} is not a trainfast doctor report: it has no {', '.join(map(repr, missing))};"
+                                " write one with: trainfast doctor --json PATH script.py")
+    for key, kind in (("timeline", list), ("script", Mapping), ("loaders", list)):
+        if not isinstance(report[key], kind):
+            raise IncomparableError(f"{name} is not a trainfast doctor report: its {key!r} is not a "
+                                    f"{'list' if kind is list else 'mapping'}")
+    whole = report.get("whole_run")
+    if whole is not None and not isinstance(whole, Mapping):
+        raise IncomparableError(f"{name} is not a trainfast doctor report: its 'whole_run' is not an object")
+
+
+def check_comparable(base: Mapping[str, Any], new: Mapping[str, Any], names: tuple[str, str] = ("BASE", "NEW")
+                     ) -> None:
+    """Raise IncomparableError, naming why, unless the two reports measured the same thing the same way."""
+    b, n = names
+    check_report(base, b)
+    check_report(new, n)
+    kinds = [_kind(base), _kind(new)]
+    if kinds[0] != kinds[1]:
+        which = {WINDOW: "a window report (trainfast doctor)", WHOLE_RUN: "a whole-run report (doctor --whole-run)"}
+        raise IncomparableError(f"{b} is {which[kinds[0]]} and {n} is {which[kinds[1]]}: compare two reports of the "
+                                "same kind")
+    scripts = [(r["script"].get("target"), list(r["script"].get("args") or [])) for r in (base, new)]
+    if scripts[0] != scripts[1]:
+        raise IncomparableError(f"different scripts: {b} ran {_script(*scripts[0])}, {n} ran {_script(*scripts[1])}; "
+                                "compare two reports of the same script and arguments")
+    if base["world_size"] != new["world_size"]:
+        raise IncomparableError(f"different shape: {b} ran on {base['world_size']} rank(s), {n} on "
+                                f"{new['world_size']}; compare runs with the same world size")
+    sizes = [_batch_sizes(r) for r in (base, new)]
+    if sizes[0] != sizes[1]:
+        raise IncomparableError(f"different shape: the loaders' batch sizes are {sizes[0]} in {b} and {sizes[1]} in "
+                                f"{n}; compare runs with the same batch sizes")
+
+
+def _kind(report: Mapping[str, Any]) -> str:
+    return WINDOW if report.get("whole_run") is None else WHOLE_RUN
+
+
+def _script(target: Any, args: list[Any]) -> str:
+    return f"{target}" + (f" with arguments {args}" if args else " with no arguments")
+
+
+def _batch_sizes(report: Mapping[str, Any]) -> list[Any]:
+    return [loader.get("batch_size") if isinstance(loader, Mapping) else None for loader in report["loaders"]]
+
+
+# ------------------------------------------------------------------------------------------------ units
+
+
+def _window_units(report: Mapping[str, Any], name: str) -> _Units:
+    rows = [r for r in report["timeline"] if isinstance(r, Mapping)]
+    if not rows:
+        outcome = report["script"].get("outcome")
+        raise IncomparableError(f"{name} has no measured steps" + (f" ({outcome})" if outcome else "")
+                                + ": nothing to compare; rerun trainfast doctor until it measures steps")
+    try:
+        parts = {STEP: [float(r["total_s"]) for r in rows]}
+        for part, key, _ in PARTS:
+            parts[part] = [float(r.get(key) or 0.0) for r in rows]
+        units = _Units(samples=[float(r.get("samples") or 0) for r in rows], seconds=parts[STEP],
+                       steps=[1.0] * len(rows), parts=parts)
+    except (KeyError, TypeError, ValueError) as e:
+        raise IncomparableError(f"{name} is not a trainfast doctor report: a 'timeline' row is malformed ({e!r})"
+                                ) from None
+    return _enough(units, name, "measured steps", "rerun trainfast doctor with more --steps (30 or more)")
+
+
+def _whole_run_units(whole: Mapping[str, Any], name: str) -> _Units:
+    intervals = [t for t in (whole.get("throughput") or [])[1:] if isinstance(t, Mapping)]
+    samples: list[float] = []
+    seconds: list[float] = []
+    steps: list[float] = []
+    parts: dict[str, list[float]] = {part: [] for part in (STEP, *(p for p, _, key in PARTS if key))}
+    try:
+        for t in intervals:
+            count, n = float(t.get("samples") or 0), float(t.get("steps") or 0)
+            rate = t.get("samples_per_s")
+            if not count or not n or not rate:
+                continue
+            samples.append(count)
+            seconds.append(count / float(rate))
+            steps.append(n)
+            parts[STEP].append(count / float(rate))
+            for part, _, key in PARTS:
+                if key:
+                    parts[part].append(float(t.get(key) or 0.0) * n)  # the intervals hold seconds per step
+    except (TypeError, ValueError) as e:
+        raise IncomparableError(f"{name} is not a trainfast doctor report: a 'whole_run.throughput' interval is "
+                                f"malformed ({e!r})") from None
+    units = _Units(samples=samples, seconds=seconds, steps=steps, parts=parts)
+    return _enough(units, name, "throughput intervals with samples after the first",
+                   "rerun trainfast doctor --whole-run on a run of more steps")
+
+
+def _enough(units: _Units, name: str, what: str, fix: str) -> _Units:
+    if len(units) < MIN_UNITS:
+        raise IncomparableError(f"{name} has {len(units)} {what}; at least {MIN_UNITS} are needed to tell a change "
+                                f"from the noise: {fix}")
+    if sum(units.samples) <= 0:
+        raise IncomparableError(f"{name} counted no samples in its steps (the batches' size could not be read): "
+                                "samples/s cannot be compared")
+    return units
+
+
+# ------------------------------------------------------------------------------------------------ resampling
+
+
+def _resampled_ratios(base: _Units, new: _Units, *, resamples: int = RESAMPLES, seed: int = SEED
+                      ) -> dict[str, Ratios | None]:
+    """Per figure, NEW over BASE in each of `resamples` resamplings of both reports' units (module doc): "cost"
+    is seconds per sample, each part its seconds per step. None for a figure whose BASE came to 0 (or no samples)
+    in some resample: no ratio to take."""
+    rng = np.random.default_rng(seed)
+    parts = list(base.parts)
+
+    def sums(units: _Units) -> Ratios:
+        """Each resample's column sums (resamples x [samples, seconds, steps, *parts]): each resample as how
+        many times it drew each unit."""
+        matrix = np.array([units.samples, units.seconds, units.steps, *(units.parts[p] for p in parts)],
+                          dtype=np.float64).T
+        count = len(units)
+        chunk = max(1, RESAMPLE_CELLS // count)
+        out = []
+        for start in range(0, resamples, chunk):
+            rows = min(chunk, resamples - start)
+            drawn = rng.integers(0, count, size=(rows, count)) + count * np.arange(rows)[:, None]
+            out.append(np.bincount(drawn.ravel(), minlength=rows * count).reshape(rows, count) @ matrix)
+        return np.concatenate(out)
+
+    b, n = sums(base), sums(new)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = {"cost": (n[:, 1] / n[:, 0]) / (b[:, 1] / b[:, 0])}
+        for column, part in enumerate(parts, start=3):
+            ratios[part] = (n[:, column] / n[:, 2]) / (b[:, column] / b[:, 2])
+    return {k: v if bool(np.all(np.isfinite(v))) else None for k, v in ratios.items()}
+
+
+def _interval(ratios: Ratios | None, scale: float = 1.0) -> tuple[float, float] | None:
+    """The `CONFIDENCE` interval of the % change from resampled ratios (each times `scale`)."""
+    if ratios is None or not len(ratios):
+        return None
+    ordered = np.sort(ratios)
+    tail = (1 - CONFIDENCE) / 2
+    low, high = ordered[int(tail * (len(ordered) - 1))], ordered[int((1 - tail) * (len(ordered) - 1))]
+    return float((low * scale - 1) * 100), float((high * scale - 1) * 100)
+
+
+def _cost(units: _Units) -> float:
+    return sum(units.seconds) / sum(units.samples)
+
+
+def _per_step(units: _Units, part: str) -> float:
+    return sum(units.parts[part]) / sum(units.steps)
+
+
+# ------------------------------------------------------------------------------------------------ comparison
+
+
+def compare(base: Mapping[str, Any], new: Mapping[str, Any], *, names: tuple[str, str] = ("BASE", "NEW"),
+            resamples: int = RESAMPLES, seed: int = SEED) -> Comparison:
+    """NEW against BASE, each a doctor report's JSON (module doc). Raises IncomparableError naming why two
+    reports cannot be compared. `names`: how messages and notes call the two (the paths, say)."""
+    check_comparable(base, new, names)
+    whole = _kind(base) == WHOLE_RUN
+    if whole:
+        units = (_whole_run_units(base["whole_run"], names[0]), _whole_run_units(new["whole_run"], names[1]))
+    else:
+        units = (_window_units(base, names[0]), _window_units(new, names[1]))
+    ratios = _resampled_ratios(*units, resamples=resamples, seed=seed)
+    unit_cost_ratio = _cost(units[1]) / _cost(units[0])
+    if whole:
+        costs = [_reported(r["whole_run"].get("seconds_per_sample"), name, "whole_run.seconds_per_sample")
+                 for r, name in zip((base, new), names, strict=True)]
+        cost_ratio = costs[1] / costs[0]
+        measure = Change("wall time per sample", "s/sample", costs[0], costs[1],
+                         _interval(ratios["cost"], cost_ratio / unit_cost_ratio))
+        train_rates = [_train_rate(r, u) for r, u in zip((base, new), units, strict=True)]
+        rates = [_rate_change("train samples/s", train_rates, ratios, unit_cost_ratio)]
+        phases = _phases(base["whole_run"], new["whole_run"])
+        goodput = Change("goodput", "share", _number(base["whole_run"].get("goodput")),
+                         _number(new["whole_run"].get("goodput")))
+    else:
+        reported = [_number(r.get("samples_per_s")) or 1 / _cost(u) for r, u in zip((base, new), units, strict=True)]
+        cost_ratio = reported[0] / reported[1]
+        measure = _rate_change("samples/s", reported, ratios, unit_cost_ratio)
+        rates, phases, goodput = [], [], None
+    interval = _interval(ratios["cost"], cost_ratio / unit_cost_ratio)
+    if interval is None:  # a resample drew only units without samples: too few of them hold samples
+        raise IncomparableError(f"too few of the {'throughput intervals' if whole else 'steps'} counted samples to "
+                                "tell a change from the noise: samples/s cannot be compared")
+    low, high = interval
+    slowdown = Slowdown("wall time per sample" if whole else "samples/s", (cost_ratio - 1) * 100, low, high)
+    parts = [_part_change(part, units, ratios) for part in (STEP, *(p for p, _, key in PARTS if key or not whole))]
+    parts = [c for c in parts if c.name == STEP or c.base or c.new]  # a part neither run has (transfer on a CPU)
+    return Comparison(kind=WHOLE_RUN if whole else WINDOW, measure=measure, slowdown=slowdown, rates=rates,
+                      parts=parts, phases=phases, goodput=goodput, units=(len(units[0]), len(units[1])),
+                      notes=notes(base, new, names), contended=(contention(base), contention(new)))
+
+
+def _rate_change(name: str, rates: Sequence[float], ratios: Mapping[str, Ratios | None],
+                 unit_cost_ratio: float) -> Change:
+    """A samples/s figure: its interval from the resampled cost ratios (a rate is the inverse of a cost), moved
+    from the units' own ratio onto the rates given (module doc)."""
+    cost = ratios["cost"]
+    base_rate, new_rate = rates
+    inverse = 1 / cost if cost is not None else None
+    return Change(name, "samples/s", base_rate, new_rate, _interval(inverse, new_rate / base_rate * unit_cost_ratio))
+
+
+def _part_change(part: str, units: tuple[_Units, _Units], ratios: Mapping[str, Ratios | None]) -> Change:
+    base, new = _per_step(units[0], part), _per_step(units[1], part)
+    return Change(part, "s/step", base, new, _interval(ratios.get(part)) if base > 0 else None)
+
+
+def _train_rate(report: Mapping[str, Any], units: _Units) -> float:
+    train = report["whole_run"].get("train")
+    rate = _number(train.get("samples_per_s")) if isinstance(train, Mapping) else None
+    return rate or 1 / _cost(units)
+
+
+def _phases(base: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
+    def table(whole: Mapping[str, Any]) -> dict[str, tuple[float | None, float | None]]:
+        return {str(p.get("phase")): (_number(p.get("seconds")), _number(p.get("share")))
+                for p in whole.get("phases") or [] if isinstance(p, Mapping)}
+
+    b, n = table(base), table(new)
+    order = [*b, *(p for p in n if p not in b)]
+    return [Change(p, "s", b.get(p, (None, None))[0], n.get(p, (None, None))[0],
+                   base_share=b.get(p, (None, None))[1], new_share=n.get(p, (None, None))[1])
+            for p in order if (b.get(p, (None, None))[0] or n.get(p, (None, None))[0])]
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _reported(value: Any, name: str, key: str) -> float:
+    number = _number(value)
+    if not number or number <= 0:
+        raise IncomparableError(f"{name} has no {key} (no training samples were counted): nothing to compare")
+    return number
+
+
+def notes(base: Mapping[str, Any], new: Mapping[str, Any], names: tuple[str, str] = ("BASE", "NEW")) -> list[str]:
+    """What the reports record of a difference between the two runs that is not the script's (module doc)."""
+    out = []
+    for report, name in zip((base, new), names, strict=True):
+        busy = contention(report)
+        if busy:
+            out.append(f"{name} was measured while {busy}: its figures include that contention")
+        code = report["script"].get("exit_code")
+        if code:
+            out.append(f"{name}'s script ended with exit code {code} ({report['script'].get('outcome') or 'failed'})")
+    envs: list[Mapping[str, Any]] = [r["env"] if isinstance(r.get("env"), Mapping) else {} for r in (base, new)]
+    for key, what in (("torch", "torch"), ("usable_cpus", "usable CPUs"), ("gpus", "GPUs")):
+        values = [_gpu_names(e.get(key)) if key == "gpus" else e.get(key) for e in envs]
+        if None not in values and values[0] != values[1]:
+            out.append(f"{what} differ: {values[0]} in {names[0]}, {values[1]} in {names[1]}: the change may be "
+                       "the machine's, not the script's")
+    signals = [r.get("step_signal") for r in (base, new)]
+    if None not in signals and signals[0] != signals[1]:
+        out.append(f"a step is not the same in both: the {signals[0]} step in {names[0]}, the {signals[1]} step in "
+                   f"{names[1]}: compare samples/s, not the seconds per step")
+    return out
+
+
+def contention(report: Mapping[str, Any]) -> str | None:
+    """"other processes kept 1.4 of 2 cores busy" when they did, enough to slow the run (`CONTENTION_CORES`,
+    `CONTENTION_SHARE`); None when not, or not known."""
+    figures = report.get("contention")
+    if not isinstance(figures, Mapping):
+        return None
+    busy, cores = _number(figures.get("other_cores_busy_mean")), _number(figures.get("cores"))
+    if busy is None or busy < max(CONTENTION_CORES, CONTENTION_SHARE * (cores or 0)):
+        return None
+    return f"other processes kept {busy:.1f} of {cores:g} cores busy" if cores else \
+        f"other processes kept {busy:.1f} cores busy"
+
+
+def _gpu_names(gpus: Any) -> list[str] | None:
+    if not isinstance(gpus, list):
+        return None
+    return [str(g.get("name")) if isinstance(g, Mapping) else str(g) for g in gpus]
+
+
+# ------------------------------------------------------------------------------------------------ the gate
+
+
+def judge(comparison: Comparison, fail_slower_pct: float | None = None) -> Gate:
+    """The regression gate (module doc): fail when NEW is slower than BASE by more than `fail_slower_pct` % beyond
+    the noise; say so, and pass, when the noise is wider than the threshold. Without a threshold, only the line."""
+    s = comparison.slowdown
+    change = _said(s)
+    if fail_slower_pct is None:
+        return Gate(None, True, False, f"{change}; no --fail-slower given → exit 0")
+    limit = f"--fail-slower {fail_slower_pct:g} %"
+    base_busy, new_busy = comparison.contended
+    if s.low_pct > fail_slower_pct:
+        if new_busy:  # the slowdown may be the other processes'
+            return Gate(fail_slower_pct, False, False,
+                        f"warning: cannot decide: {change}, more than {limit}, but NEW was measured while {new_busy}: "
+                        "the slowdown may be theirs; rerun NEW on a quiet machine → exit 0")
+        return Gate(fail_slower_pct, True, True, f"{change}: more than {limit} → exit 1")
+    if base_busy:  # a yardstick slowed by other processes can hide a slowdown
+        return Gate(fail_slower_pct, False, False,
+                    f"warning: cannot decide: {change}, but BASE was measured while {base_busy}: a slowed baseline "
+                    "can hide a slowdown; remeasure BASE on a quiet machine → exit 0")
+    if s.high_pct > fail_slower_pct and s.noise_pct > fail_slower_pct:
+        return Gate(fail_slower_pct, False, False,
+                    f"warning: cannot decide: {change}, and the noise (±{s.noise_pct:.1f} %) is wider than {limit}: "
+                    f"these runs cannot tell a {fail_slower_pct:g} % slowdown from none; measure more steps "
+                    "(--steps) on a quieter machine, or raise --fail-slower → exit 0")
+    return Gate(fail_slower_pct, True, False, f"{change}: not more than {limit} beyond the noise → exit 0")
+
+
+def _said(s: Slowdown) -> str:
+    """"NEW is 17.2 % slower (interval 14.1–20.3 %)", or "faster" (interval of the slowdown, signed)."""
+    interval = (f"{s.low_pct:.1f}–{s.high_pct:.1f} %" if s.low_pct >= 0
+                else f"{s.low_pct:+.1f} to {s.high_pct:+.1f} %")
+    per = " in wall time per sample" if s.measure == "wall time per sample" else ""
+    if s.pct >= 0:
+        return f"NEW is {s.pct:.1f} % slower{per} (interval {interval})"
+    return f"NEW is {-s.pct:.1f} % faster{per} (slowdown interval {interval})"

@@ -1,0 +1,134 @@
+"""`trainfast compare BASE NEW` through `trainfast.cli.main`: exit 0 / 1 / 2, the table and the verdict line, the
+JSON, and bad arguments (made-up reports: no script runs)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainfast.cli import main
+
+
+def report(*, step_s: float = 0.010, seed: int = 1, rows: int = 30, spread: float = 0.05, **extra: Any
+           ) -> dict[str, Any]:
+    """A window report of `rows` steps of about `step_s` seconds, 32 samples each."""
+    rng = random.Random(seed)
+    timeline, end = [], 0.0
+    for _ in range(rows):
+        total = step_s * max(0.2, rng.gauss(1.0, spread))
+        end += total
+        timeline.append({"end_s": end, "total_s": total, "wait_s": 0.1 * total, "transfer_s": 0.0,
+                         "host_s": 0.0, "collect_s": 0.0, "compute_s": 0.9 * total, "samples": 32, "syncs": 0})
+    return {"samples_per_s": 32 * rows / end, "timeline": timeline, "whole_run": None, "world_size": 1,
+            "script": {"target": "train.py", "args": [], "exit_code": 0}, "loaders": [{"batch_size": 32}]} | extra
+
+
+def write(path: Path, payload: Any) -> str:
+    path.write_text(json.dumps(payload))
+    return str(path)
+
+
+@pytest.fixture
+def reports(tmp_path: Path) -> dict[str, str]:
+    return {"base": write(tmp_path / "base.json", report(seed=1)),
+            "same": write(tmp_path / "same.json", report(seed=2)),
+            "slower": write(tmp_path / "slower.json", report(seed=2, step_s=0.0115)),
+            "noisy": write(tmp_path / "noisy.json", report(seed=1, spread=0.6, rows=12)),
+            "noisy2": write(tmp_path / "noisy2.json", report(seed=2, spread=0.6, rows=12)),
+            "other": write(tmp_path / "other.json", report(seed=2, script={"target": "eval.py", "args": []}))}
+
+
+def verdict(out: str) -> str:
+    return [line for line in out.splitlines() if "→ exit" in line][-1]
+
+
+def test_the_same_script_exits_0_with_the_table(reports: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", "--fail-slower", "5", reports["base"], reports["same"]]) == 0
+    out = capsys.readouterr().out
+    for row in ("samples/s", "step (mean)", "data wait / step", "compute / step", "base.json", "same.json"):
+        assert row in out
+    assert "transfer" not in out  # 0 in both
+    assert "not more than --fail-slower 5 % beyond the noise → exit 0" in verdict(out)
+
+
+def test_15_percent_slower_exits_1_naming_the_slowdown(reports: dict[str, str],
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", "--fail-slower", "5", reports["base"], reports["slower"]]) == 1
+    line = verdict(capsys.readouterr().out)
+    assert line.startswith("NEW is 1") and "% slower (interval " in line
+    assert line.endswith(": more than --fail-slower 5 % → exit 1")
+    assert main(["compare", "--fail-slower", "30%", reports["base"], reports["slower"]]) == 0
+    assert main(["compare", reports["base"], reports["slower"]]) == 0  # no gate without --fail-slower
+    assert "no --fail-slower given → exit 0" in verdict(capsys.readouterr().out)
+
+
+def test_noise_wider_than_the_threshold_warns_and_exits_0(reports: dict[str, str],
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", "--fail-slower", "5", reports["noisy"], reports["noisy2"]]) == 0
+    line = verdict(capsys.readouterr().out)
+    assert line.startswith("warning: cannot decide: NEW is") and "is wider than --fail-slower 5 %" in line
+
+
+def test_the_json(reports: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cmp.json"
+    assert main(["compare", "--fail-slower", "5", "--json", str(out), reports["base"], reports["slower"]]) == 1
+    payload = json.loads(out.read_text())
+    assert payload["base"] == reports["base"] and payload["new"] == reports["slower"]
+    assert payload["kind"] == "window" and payload["measure"]["name"] == "samples/s"
+    assert payload["slowdown"]["interval_pct"][0] > 5
+    assert [p["name"] for p in payload["parts"]] == ["step", "data wait", "compute"]
+    assert payload["gate"] == {"fail_slower_pct": 5.0, "decided": True, "failed": True, "exit_code": 1,
+                               "verdict": verdict(capsys.readouterr().out)}
+
+
+@pytest.mark.parametrize("case, why", [
+    ("other", "different scripts: BASE ({base}) ran train.py with no arguments, NEW ({new}) ran eval.py"),
+    ("list", "NEW ({new}) is not a trainfast doctor report (a JSON list, not an object)"),
+    ("few", "NEW ({new}) has 3 measured steps; at least 10 are needed"),
+    ("missing", "cannot read NEW ({new}): No such file or directory"),
+    ("broken", "NEW ({new}) is not valid JSON (Expecting value: line 1 column 1 (char 0))"),
+])
+def test_reports_that_cannot_be_compared_exit_2_in_one_line(case: str, why: str, reports: dict[str, str],
+                                                            tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    new = {"other": reports["other"], "list": write(tmp_path / "list.json", [1]),
+           "few": write(tmp_path / "few.json", report(rows=3)), "missing": str(tmp_path / "nothing.json"),
+           "broken": str(tmp_path / "broken.json")}[case]
+    (tmp_path / "broken.json").write_text("not json")
+    out = tmp_path / "cmp.json"
+    assert main(["compare", "--fail-slower", "5", "--json", str(out), reports["base"], new]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("trainfast compare: error: ")
+    assert why.format(base=reports["base"], new=new) in err[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("value, said", [("0", "0 is not valid"), ("-3", "-3 is not valid"),
+                                         ("abc", "'abc' is not a number"), ("nan", "nan is not valid")])
+def test_a_bad_fail_slower_is_refused_with_the_value_and_the_fix(value: str, said: str, reports: dict[str, str],
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["compare", f"--fail-slower={value}", reports["base"], reports["same"]])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err and "give a percentage above 0, e.g. --fail-slower 5" in err
+
+
+def test_json_to_a_folder_is_refused(reports: dict[str, str], tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["compare", "--json", str(tmp_path), reports["base"], reports["same"]])
+    assert caught.value.code == 2 and "is a folder" in capsys.readouterr().err
+
+
+def test_help_has_worked_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["compare", "--help"])
+    assert caught.value.code == 0
+    out = capsys.readouterr().out
+    assert "trainfast compare --fail-slower 5 base.json new.json" in out
+    assert "trainfast doctor --steps 100 --json base.json" in out and "Exit codes:" in out
