@@ -28,6 +28,7 @@ def main():
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--eval-batches", type=int, default=8)
+    parser.add_argument("--eval-batch-size", type=int, default=None, help="default: --batch-size")
     parser.add_argument("--save-every", type=int, default=25)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
@@ -37,8 +38,9 @@ def main():
     x = torch.randn(args.samples, 64)
     y = (x[:, :8].sum(1) > 0).long()
     train = DataLoader(TensorDataset(x, y), batch_size=args.batch_size, shuffle=True, num_workers=args.workers)
-    val = DataLoader(TensorDataset(x[: args.batch_size * args.eval_batches], y[: args.batch_size * args.eval_batches]),
-                     batch_size=args.batch_size)
+    eval_batch = args.eval_batch_size or args.batch_size
+    val_x = torch.randn(eval_batch * args.eval_batches, 64)
+    val = DataLoader(TensorDataset(val_x, (val_x[:, :8].sum(1) > 0).long()), batch_size=eval_batch)
     model = nn.Sequential(nn.Linear(64, args.width), nn.ReLU(), nn.Linear(args.width, args.width), nn.ReLU(),
                           nn.Linear(args.width, 2))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
