@@ -40,15 +40,23 @@ def steps_per_rank(out: Path) -> list[int]:
 
 
 def test_the_deadline_stops_every_rank_at_the_same_step(tmp_path: Path, torchrun: Torchrun) -> None:
-    """Rank 1 sleeps 8 ms per batch: its deadline, its SIGALRM and rank 0's fall at different steps."""
-    done, seconds = doctor_under_torchrun(torchrun, "--max-seconds", "4", "--steps", "100000", str(SCRIPT), "--",
-                                          str(tmp_path))
+    """Rank 1 sleeps 8 ms per batch: its deadline, its SIGALRM and rank 0's fall at different steps. A whole run
+    (--whole-run) stops at the deadline too, and the job's report holds each rank's phases."""
+    report = tmp_path / "report.json"
+    done, seconds = doctor_under_torchrun(torchrun, "--whole-run", "--json", str(report), "--max-seconds", "4",
+                                          "--steps", "100000", str(SCRIPT), "--", str(tmp_path))
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
     assert output.count("stopped at the 4 s budget") == 2, output[-6000:]
     first, second = steps_per_rank(tmp_path)
     assert first == second > 10
     assert seconds < 60
+    job = json.loads(report.read_text())
+    for row in job["ranks"]:
+        phases = row["whole_run"]["phases"]
+        assert sum(phases.values()) == pytest.approx(row["whole_run"]["wall_s"], rel=0.01)
+        assert phases["train"] > 0 and phases["startup"] > 0
+    assert job["whole_run"]["train"]["steps"] >= first and "ranks' whole runs" in done.stdout
 
 
 def test_the_measured_steps_stop_every_rank_at_the_same_step(tmp_path: Path, torchrun: Torchrun) -> None:

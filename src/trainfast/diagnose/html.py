@@ -346,6 +346,9 @@ def _fixes(report: dict[str, Any]) -> str:
         gain_html = (f'<div class="gain" title="expected speed-up, {basis}{escape(reason)}">{gain:.2f}x '
                      f'<span class="muted">{basis}</span></div>' if gain is not None
                      else '<div class="gain unknown" title="expected speed-up unknown">?</div>')
+        run_gain = _num(rec.get("run_gain"))
+        if run_gain is not None:  # --whole-run: the gain on the run's wall time
+            gain_html += f'<div class="gain" title="gain on the whole run\'s wall time">run {run_gain:.2f}x</div>'
         measured = _num(rec.get("measured_gain"))
         if measured is not None:  # --verify re-ran the script with the fix
             gain_html += f'<div class="gain" title="measured speed-up (--verify)">measured {measured:.2f}x</div>'
@@ -489,6 +492,53 @@ def _ranks(report: dict[str, Any]) -> str:
     return f'{table}<p>{escape(line)}</p><div class="caption">{escape(caption)}</div>'
 
 
+PHASE_COLOURS = {"startup": "#1c7ed6", "compile": "#c026d3", "train": "#2f9e44", "evaluation": "#0ca678",
+                 "checkpoint": "#f59f00", "epoch_start": "#e5484d", "other": "#868e96"}
+
+
+def _whole_run(report: dict[str, Any]) -> str:
+    """`doctor --whole-run`: the phases over the wall time, goodput, throughput over time and drift."""
+    whole = _dict(report.get("whole_run"))
+    phases = [_dict(p) for p in _list(whole.get("phases"))]
+    wall, goodput = _num(whole.get("wall_s")), _num(whole.get("goodput"))
+    head = (f"<p><b>{_fmt(wall, ',.1f', ' s')}</b> of wall time, goodput <b>"
+            f"{NA if goodput is None else f'{goodput:.0%}'}</b> (the share in training steps)"
+            + (f"; the doctor's own {_fmt(whole.get('doctor_s'), ',.1f', ' s')} left out" if _num(
+                whole.get("doctor_s")) else "") + "</p>")
+    bar = "".join(f'<div style="width:{100 * max(0.0, _num(p.get("share")) or 0.0):.3f}%;'
+                  f'background:{PHASE_COLOURS.get(str(p.get("phase")), "#adb5bd")}" title="{escape(p.get("phase"))}">'
+                  "</div>" for p in phases if _num(p.get("share")))
+    legend = _legend((f"{escape(p.get('phase'))} <b>{_fmt(p.get('seconds'), ',.2f', ' s')}</b> "
+                      f"({_fmt(100 * (_num(p.get('share')) or 0.0), '.1f', ' %')})",
+                      PHASE_COLOURS.get(str(p.get("phase")), "#adb5bd")) for p in phases)
+    intervals = [_dict(t) for t in _list(whole.get("throughput"))]
+    chart = ""
+    if intervals:
+        keys = ("data_wait_s", "transfer_s", "host_s", "compute_s")
+        bars = [[1e3 * (_num(t.get(k)) or 0.0) for k in keys] for t in intervals]
+        labels = [f"{_fmt(t.get('start_s'), ',.1f')}-{_fmt(t.get('end_s'), ',.1f')} s: "
+                  f"{_fmt(t.get('samples_per_s'), ',.0f')} samples/s over {_value(t.get('steps'))} steps"
+                  for t in intervals]
+        chart = (stacked_bars_svg(bars, [c for *_, c in PARTS], labels=labels,
+                                  x_values=[float(i + 1) for i in range(len(bars))], y_unit="ms",
+                                  x_label="interval of the run (each bar: its steps' mean split)")
+                 + '<div class="caption">throughput over time: ' + escape(", ".join(
+                     _fmt(t.get("samples_per_s"), ",.0f") for t in intervals)) + " samples/s</div>")
+    drift = _dict(whole.get("drift"))
+    lines = [f"drift: {escape(drift.get('reason') or NA)}"]
+    evaluation, checkpoint = _dict(whole.get("evaluation")), _dict(whole.get("checkpoint"))
+    if _num(evaluation.get("passes")):
+        lines.append(f"evaluation: {_value(evaluation.get('passes'))} pass(es), {_value(evaluation.get('forwards'))} "
+                     f"forward(s), {_value(evaluation.get('autocast_forwards'))} under autocast, data wait "
+                     f"{_fmt(evaluation.get('data_wait_s'), ',.2f', ' s')}")
+    if _num(checkpoint.get("count")):
+        lines.append(f"checkpoint: {_value(checkpoint.get('count'))} write(s), {_bytes(checkpoint.get('bytes'))} in "
+                     f"{_fmt(checkpoint.get('seconds'), ',.2f', ' s')}; training blocked "
+                     f"{_fmt(checkpoint.get('blocking_s'), ',.2f', ' s')}")
+    return (head + f'<div class="split">{bar}</div>{legend}{chart}'
+            + "".join(f"<p>{line}</p>" for line in lines))
+
+
 SECTIONS: tuple[tuple[str, str, Callable[[dict[str, Any]], str]], ...] = (
     ("Where the step time goes", "split", _split),
     ("Timeline", "timeline", _timeline),
@@ -518,6 +568,8 @@ def render_html(report: dict[str, Any]) -> str:
     sections = list(SECTIONS)
     if _list(report.get("ranks")):  # a torchrun job's report
         sections.insert(1, ("Ranks", "ranks", _ranks))
+    if report.get("whole_run"):  # doctor --whole-run
+        sections.insert(0, ("The whole run", "whole-run", _whole_run))
     body += [_section(heading, _safely(render, report), anchor) for heading, anchor, render in sections]
     return ("<!DOCTYPE html>\n"
             '<html lang="en"><head><meta charset="utf-8">'

@@ -92,7 +92,16 @@ def rank_summary(report: Report, *, rank: int, exit_code: int, host: str | None 
         "cpu_cores_busy": (report.contention or {}).get("own_cores_busy_mean"),
         "recommendations": [r.to_json() for r in report.recommendations],
         "exit_code": exit_code, "outcome": report.script.get("outcome"),
+        # `--whole-run`: this rank's phases of its whole run (the job's report shows each rank's)
+        "whole_run": _rank_phases(report.whole_run),
     }
+
+
+def _rank_phases(whole: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if whole is None:
+        return None
+    return {"wall_s": whole["wall_s"], "goodput": whole["goodput"],
+            "phases": {p["phase"]: p["seconds"] for p in whole["phases"]}}
 
 
 def job_figures(summaries: Sequence[Mapping[str, Any]], *,
@@ -104,7 +113,8 @@ def job_figures(summaries: Sequence[Mapping[str, Any]], *,
     rows = [{"rank": s["rank"], "host": s.get("host"), "samples_per_s": s.get("samples_per_s"),
              "step_s": s.get("step_s"), "step_s_percentiles": s.get("step_s_percentiles"),
              "fractions": s.get("fractions"), "verdict": s.get("verdict"), "steps_measured": s.get("steps_measured"),
-             "waiting_for_ranks": None, "waiting_for_ranks_s": None} for s in summaries]
+             "waiting_for_ranks": None, "waiting_for_ranks_s": None, "whole_run": s.get("whole_run")}
+            for s in summaries]
     notes: list[str] = []
     measured = [s for s in summaries if s.get("parts_s") and s.get("step_s_mean")]
     if not complete or len(summaries) < 2:
@@ -321,6 +331,18 @@ def render_ranks(report: Report, console: Console) -> None:
                       f"{_ms(waiting_s)} ({_share(row.get('waiting_for_ranks'))})" if waiting_s is not None else "n/a",
                       escape(str(row.get("verdict") or "n/a").removesuffix("-bound")))
     console.print(table)
+    if any(row.get("whole_run") for row in rows):
+        phases = ("startup", "compile", "train", "evaluation", "checkpoint", "epoch_start", "other")
+        whole = Table(title="ranks' whole runs: seconds in each phase", title_justify="left", box=box.SIMPLE_HEAD,
+                      show_edge=False, pad_edge=False, collapse_padding=True)
+        for column in ("rank", "wall", "goodput", *phases):
+            whole.add_column(column.replace("_", "\n"), justify="left" if column == "rank" else "right", no_wrap=True)
+        for row in rows:
+            run = row.get("whole_run")
+            if run:
+                whole.add_row(str(row["rank"]), f"{run['wall_s']:.1f}", _share(run["goodput"]),
+                              *(f"{run['phases'][p]:.1f}" for p in phases))
+        console.print(whole)
     straggler = report.straggler
     if straggler is None:
         known = [row for row in rows if row.get("waiting_for_ranks") is not None]
