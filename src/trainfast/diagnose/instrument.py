@@ -109,6 +109,14 @@ def _cuda_destination(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.de
         return None
 
 
+def _torch_caller(frame: Any) -> bool:
+    """The code that entered a no_grad/inference_mode block is torch's own: the frame, or, for a function decorated
+    with `@torch.no_grad()` (nanoGPT's `estimate_loss`), the frame that called the decorated function."""
+    if frame.f_globals.get("__name__") == "torch.utils._contextlib" and frame.f_back is not None:
+        frame = frame.f_back
+    return bool(frame.f_globals.get("__name__", "").startswith("torch"))
+
+
 class _TimedIterator:
     """Wraps a loader's iterator: times each `next()`; everything else passes through."""
 
@@ -312,7 +320,7 @@ class Instrumentation:
             enter = mode.__enter__
 
             def entered(ctx: Any, _enter: Callable[[Any], Any] = enter) -> Any:
-                if self.scanning and not sys._getframe(1).f_globals.get("__name__", "").startswith("torch"):
+                if self.scanning and not _torch_caller(sys._getframe(1)):
                     self.discover("no_grad")  # (nn.init's no_grad, mid-construction, is not a trigger)
                 return _enter(ctx)
             self._patch(mode, "__enter__", entered)

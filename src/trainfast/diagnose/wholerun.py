@@ -14,6 +14,7 @@ compute); an epoch's first batch is epoch start, not data wait.
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 from typing import Any
 
@@ -24,8 +25,8 @@ BETWEEN = "between"  # host work in a step's input gap around an evaluation, a c
 PRIORITY = (DOCTOR, CHECKPOINT, EVALUATION, EPOCH_START, SLEEP, LOGGING, BETWEEN)
 # Throughput over time: this many intervals of consecutive steps at most (at least 10 when there are 10 steps)
 INTERVALS = 20
-# Drift: the last quarter of the steady steps against the first, beyond this relative change or twice the
-# intervals' own spread, whichever is larger
+# Drift: the last quarter of the steady steps against the first, beyond this relative change or twice the noise
+# (drift()), whichever is larger
 MIN_DRIFT = 0.05
 MIN_DRIFT_STEPS = 8
 
@@ -81,7 +82,7 @@ def account(ledger: Ledger, *, end: float, compiled: bool, warmup: int) -> dict[
                         "seconds": [round(got - started, 6) for started, got, _ in ledger.epoch_starts]},
         "other": {"logging_s": logging_s, "sleep_s": sleep_s, "host_s": other_host_s},
         "throughput": throughput,
-        "drift": drift(ledger, carved, warmup, throughput),
+        "drift": drift(ledger, carved, warmup),
     }
 
 
@@ -201,9 +202,10 @@ def _throughput(ledger: Ledger, carved: _Carved, t0: float) -> list[dict[str, An
     return out
 
 
-def drift(ledger: Ledger, carved: _Carved, warmup: int, throughput: list[dict[str, Any]]) -> dict[str, Any]:
-    """The last quarter of the steady steps against the first: slower beyond the noise (twice the relative spread
-    of the intervals' samples/s, at least `MIN_DRIFT`), and the part of the step that grew."""
+def drift(ledger: Ledger, carved: _Carved, warmup: int) -> dict[str, Any]:
+    """The last quarter of the steady steps against the first: slower beyond the noise, and the part of the step
+    that grew. The noise is the two quarters' own spread: twice the standard error of the difference of their
+    median step (1.25 x the robust standard deviation over the square root of the steps), at least `MIN_DRIFT`."""
     n = len(ledger.step_start)
     lo = min(max(1, warmup), n)
     steady = n - lo
@@ -214,11 +216,9 @@ def drift(ledger: Ledger, carved: _Carved, warmup: int, throughput: list[dict[st
     last = _train_split(ledger, carved, n - quarter, n)
     first_rate = _rate(ledger, carved, lo, lo + quarter)
     last_rate = _rate(ledger, carved, n - quarter, n)
-    rates = [t["samples_per_s"] for t in throughput[1:] if t["samples_per_s"]]
-    noise = 0.0
-    if len(rates) >= 3:
-        middle = statistics.median(rates)
-        noise = 1.4826 * statistics.median(abs(r - middle) for r in rates) / middle
+    spreads = [_relative_spread([_step_train_s(ledger, carved, i) for i in range(a, a + quarter)])
+               for a in (lo, n - quarter)]
+    noise = 1.25 * math.hypot(*spreads) / math.sqrt(quarter)
     threshold = max(MIN_DRIFT, 2 * noise)
     change = last_rate / first_rate - 1 if first_rate and last_rate else None
     parts = {p: (last[p] - first[p]) / quarter for p in ("data_wait_s", "transfer_s", "host_s", "compute_s")}
@@ -229,6 +229,14 @@ def drift(ledger: Ledger, carved: _Carved, warmup: int, throughput: list[dict[st
             "part": grew.removesuffix("_s") if drifted else None,
             "part_growth_s": parts[grew] if drifted else None,
             "reason": _drift_reason(drifted, change, threshold, grew, parts[grew])}
+
+
+def _relative_spread(values: list[float]) -> float:
+    """The robust standard deviation (1.4826 x the median absolute deviation) over the median."""
+    middle = statistics.median(values)
+    if middle <= 0:
+        return 0.0
+    return 1.4826 * statistics.median(abs(v - middle) for v in values) / middle
 
 
 def _drift_reason(drifted: bool, change: float | None, threshold: float, part: str, growth: float) -> str:

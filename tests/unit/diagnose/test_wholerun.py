@@ -114,6 +114,13 @@ def test_drift_names_the_part_of_the_step_that_grew() -> None:
     drift = account(slowing, end=slowing.step_end[-1], compiled=False, warmup=5)["drift"]
     assert drift["drifted"] is True and drift["part"] == "data_wait"
     assert drift["change"] == pytest.approx(0.1 / 0.15 - 1, abs=0.01) and "data wait grew" in drift["reason"]
+    jitter = ledger_with_steps(200)  # every other step 30 % longer, no trend: noise, not drift
+    for i in range(1, 200, 2):
+        jitter.step_end[i] += 0.03
+        for j in range(i + 1, 200):
+            jitter.step_start[j] += 0.03
+            jitter.step_end[j] += 0.03
+    assert account(jitter, end=jitter.step_end[-1], compiled=False, warmup=5)["drift"]["drifted"] is False
     few = account(ledger_with_steps(8), end=5.0, compiled=False, warmup=5)["drift"]
     assert few["drifted"] is None and "too few" in few["reason"]
 
