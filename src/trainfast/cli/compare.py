@@ -130,15 +130,15 @@ def comparison_json(comparison: Comparison, gate: Gate, base: Path, new: Path) -
 def render_table(comparison: Comparison, base: Path, new: Path) -> Table:
     units = "steps" if comparison.kind == WINDOW else "throughput intervals"
     kind = "window reports" if comparison.kind == WINDOW else "whole-run reports"
-    table = Table(title=f"trainfast compare: {kind}", box=box.SIMPLE_HEAD, pad_edge=False, caption=f"change: NEW vs BASE, with its {CONFIDENCE * 100:.0f} % "
-                  f"interval from {comparison.units[0]} and {comparison.units[1]} {units}")
-    table.add_column("")
+    caption = (f"change: NEW vs BASE, with its {CONFIDENCE * 100:.0f} % interval from {comparison.units[0]} and "
+               f"{comparison.units[1]} {units}")
+    table = Table(title=f"trainfast compare: {kind}", caption=caption, box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("", no_wrap=True)
     table.add_column(f"BASE\n{base.name}", justify="right")
     table.add_column(f"NEW\n{new.name}", justify="right")
     table.add_column("change (interval)", justify="right", no_wrap=True)
     for change in comparison.rows:
-        table.add_row(_label(change), _value(change, change.base, change.base_share),
-                      _value(change, change.new, change.new_share), _change(change))
+        table.add_row(_label(change), _value(change, change.base), _value(change, change.new), _change(change))
     return table
 
 
@@ -150,15 +150,14 @@ def _label(change: Change) -> str:
     return change.name
 
 
-def _value(change: Change, value: float | None, share: float | None) -> str:
+def _value(change: Change, value: float | None) -> str:
     if value is None:
         return "—"
     if change.unit == "samples/s":
         return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
     if change.unit == "share":
         return f"{value:.1%}"
-    text = seconds(value)
-    return f"{text} ({share:.0%})" if share is not None else text
+    return seconds(value)
 
 
 def _change(change: Change) -> str:
@@ -168,8 +167,10 @@ def _change(change: Change) -> str:
         return f"{(change.new - change.base) * 100:+.1f} pts"
     pct = change.change_pct
     if pct is None:
-        return f"+{seconds(change.new)}" if change.new else "—"
+        return f"+{seconds(change.new)}" if change.new else "—"  # from nothing: how much there is now
     if change.interval_pct is None:
+        if change.base_share is not None and change.new_share is not None:  # a phase: its share of the wall time
+            return f"{_pct(pct)}, share {change.base_share:.0%} → {change.new_share:.0%}"
         return _pct(pct)
     low, high = change.interval_pct
     return f"{_pct(pct)} ({_pct(low, unit=False)} to {_pct(high, unit=False)})"
@@ -183,11 +184,9 @@ def _pct(pct: float, *, unit: bool = True) -> str:
 
 
 def seconds(value: float) -> str:
-    """A duration in the unit that reads best: 12.3 s, 45.6 ms, 789 us."""
-    if value >= 1:
-        return f"{value:,.1f} s"
-    if value >= 1e-3:
-        return f"{value * 1e3:.1f} ms"
-    if value > 0:
-        return f"{value * 1e6:.1f} µs"
-    return "0"
+    """A duration in the unit that reads best, about 3 significant digits: 245 s, 12.3 s, 45.6 ms, 7.89 µs."""
+    if value <= 0:
+        return "0"
+    scale, unit = next(((s, u) for s, u in ((1.0, "s"), (1e-3, "ms")) if value >= 0.9995 * s), (1e-6, "µs"))
+    x = value / scale
+    return f"{x:,.0f} {unit}" if x >= 99.95 else f"{x:.1f} {unit}" if x >= 9.995 else f"{x:.2f} {unit}"

@@ -11,13 +11,14 @@ The units of noise. A window report's units are its measured steps (`timeline` r
 warm-up and any compilation. A report needs `MIN_UNITS` of them: fewer cannot show how much its speed varies.
 
 The interval of a change. Each report's units are resampled with replacement (`RESAMPLES` times, seeded, so the
-same two reports always give the same intervals), independently for BASE and NEW; each resample gives NEW's
-figure over BASE's: seconds per sample (the sum of the units' seconds over the sum of their samples) and each
-part's seconds per step. The 2.5th and 97.5th percentiles of those ratios are the 95 % interval of the change. The
-headline ratio is the reports' own figures (samples/s over the measured window, or the whole run's wall time per
-sample), with the interval's relative width from the resampling around the units' own ratio: the units measure the
-noise, the reports state the figure. Phases and goodput are one figure per run, with no spread to take an interval
-from: they are shown without one.
+same two reports always give the same intervals), independently for BASE and NEW. In each resample a run's
+seconds per sample is its reported figure (1 / samples/s over the measured window; a whole run's wall time per
+sample) with the share of it that training takes (all of a window; a whole run's goodput) moved by the resample:
+times the resampled units' seconds per sample (their seconds summed over their samples summed) over all units'.
+A whole run's time outside training (startup, compile, evaluation, checkpoints, ...) is one figure per run, with
+no spread to resample, and stays as measured; a note says when it is most of the run. Each part's seconds per
+step is its sum over the steps' sum in the resampled units. The 2.5th and 97.5th percentiles of NEW's figure over
+BASE's across the resamples are the 95 % interval of the change. Phases and goodput are shown without one.
 
 The gate (`judge`). "% slower" is NEW's time per sample over BASE's, less 1 (15 % slower: each sample takes 1.15x
 as long, samples/s x 1/1.15); the measure is samples/s for a window report and the wall time per sample for a whole
@@ -63,6 +64,8 @@ RESAMPLE_CELLS = 2_000_000  # resamples x units drawn at once (16 MB of counts),
 # of the machine's cores (half a core of daemons is nothing on 64), was slowed by them
 CONTENTION_CORES = 0.5
 CONTENTION_SHARE = 0.1
+# A whole run whose training is less than this share of its wall time gets a note: the rest has no interval
+OUTSIDE_TRAINING = 0.5
 REQUIRED = ("samples_per_s", "timeline", "script", "loaders", "world_size")
 WINDOW, WHOLE_RUN = "window", "whole_run"
 # a step's parts: (name shown, timeline row key, throughput interval key or None)
@@ -310,11 +313,19 @@ def _enough(units: _Units, name: str, what: str, fix: str) -> _Units:
 # ------------------------------------------------------------------------------------------------ resampling
 
 
-def _resampled_ratios(base: _Units, new: _Units, *, resamples: int = RESAMPLES, seed: int = SEED
-                      ) -> dict[str, Ratios | None]:
-    """Per figure, NEW over BASE in each of `resamples` resamplings of both reports' units (module doc): "cost"
-    is seconds per sample, each part its seconds per step. None for a figure whose BASE came to 0 (or no samples)
-    in some resample: no ratio to take."""
+@dataclass(frozen=True)
+class _Resampled:
+    """Both reports' units resampled (module doc): each run's seconds per sample in each resample over its units'
+    own (`base_cost`, `new_cost`: around 1), and each part's seconds per step, NEW over BASE (None where BASE's
+    came to 0 in some resample: no ratio to take)."""
+
+    base_cost: Ratios
+    new_cost: Ratios
+    parts: dict[str, Ratios | None]
+
+
+def _resample(base: _Units, new: _Units, *, resamples: int = RESAMPLES, seed: int = SEED) -> _Resampled | None:
+    """None when some resample drew no samples at all (too few units hold samples)."""
     rng = np.random.default_rng(seed)
     parts = list(base.parts)
 
@@ -333,21 +344,27 @@ def _resampled_ratios(base: _Units, new: _Units, *, resamples: int = RESAMPLES, 
         return np.concatenate(out)
 
     b, n = sums(base), sums(new)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = {"cost": (n[:, 1] / n[:, 0]) / (b[:, 1] / b[:, 0])}
-        for column, part in enumerate(parts, start=3):
-            ratios[part] = (n[:, column] / n[:, 2]) / (b[:, column] / b[:, 2])
-    return {k: v if bool(np.all(np.isfinite(v))) else None for k, v in ratios.items()}
-
-
-def _interval(ratios: Ratios | None, scale: float = 1.0) -> tuple[float, float] | None:
-    """The `CONFIDENCE` interval of the % change from resampled ratios (each times `scale`)."""
-    if ratios is None or not len(ratios):
+    if not (np.all(b[:, 0] > 0) and np.all(n[:, 0] > 0)):
         return None
+    ratios: dict[str, Ratios | None] = {}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for column, part in enumerate(parts, start=3):
+            ratio = (n[:, column] / n[:, 2]) / (b[:, column] / b[:, 2])
+            ratios[part] = ratio if bool(np.all(np.isfinite(ratio))) else None
+    return _Resampled(base_cost=b[:, 1] / b[:, 0] / _cost(base), new_cost=n[:, 1] / n[:, 0] / _cost(new),
+                      parts=ratios)
+
+
+def _interval(ratios: Ratios | None) -> tuple[float, float] | None:
+    """The `CONFIDENCE` interval of the % change from resampled ratios (None: no interval)."""
+    return None if ratios is None else _percent_interval(ratios)
+
+
+def _percent_interval(ratios: Ratios) -> tuple[float, float]:
     ordered = np.sort(ratios)
     tail = (1 - CONFIDENCE) / 2
     low, high = ordered[int(tail * (len(ordered) - 1))], ordered[int((1 - tail) * (len(ordered) - 1))]
-    return float((low * scale - 1) * 100), float((high * scale - 1) * 100)
+    return float((low - 1) * 100), float((high - 1) * 100)
 
 
 def _cost(units: _Units) -> float:
@@ -371,50 +388,55 @@ def compare(base: Mapping[str, Any], new: Mapping[str, Any], *, names: tuple[str
         units = (_whole_run_units(base["whole_run"], names[0]), _whole_run_units(new["whole_run"], names[1]))
     else:
         units = (_window_units(base, names[0]), _window_units(new, names[1]))
-    ratios = _resampled_ratios(*units, resamples=resamples, seed=seed)
-    unit_cost_ratio = _cost(units[1]) / _cost(units[0])
+    resampled = _resample(*units, resamples=resamples, seed=seed)
+    if resampled is None:
+        raise IncomparableError(f"too few of the {'throughput intervals' if whole else 'steps'} counted samples to "
+                                "tell a change from the noise: samples/s cannot be compared")
     if whole:
         costs = [_reported(r["whole_run"].get("seconds_per_sample"), name, "whole_run.seconds_per_sample")
                  for r, name in zip((base, new), names, strict=True)]
-        cost_ratio = costs[1] / costs[0]
-        measure = Change("wall time per sample", "s/sample", costs[0], costs[1],
-                         _interval(ratios["cost"], cost_ratio / unit_cost_ratio))
+        # only training has a spread: the rest of the wall time is one figure per run (module doc)
+        shares = [_train_share(r["whole_run"]) for r in (base, new)]
+        ratios = _cost_ratios(costs, shares, resampled)
+        measure = Change("wall time per sample", "s/sample", costs[0], costs[1], _interval(ratios))
         train_rates = [_train_rate(r, u) for r, u in zip((base, new), units, strict=True)]
-        rates = [_rate_change("train samples/s", train_rates, ratios, unit_cost_ratio)]
+        train_ratios = _cost_ratios([1 / r for r in train_rates], [1.0, 1.0], resampled)
+        rates = [Change("train samples/s", "samples/s", train_rates[0], train_rates[1], _interval(1 / train_ratios))]
         phases = _phases(base["whole_run"], new["whole_run"])
         goodput = Change("goodput", "share", _number(base["whole_run"].get("goodput")),
                          _number(new["whole_run"].get("goodput")))
     else:
         reported = [_number(r.get("samples_per_s")) or 1 / _cost(u) for r, u in zip((base, new), units, strict=True)]
-        cost_ratio = reported[0] / reported[1]
-        measure = _rate_change("samples/s", reported, ratios, unit_cost_ratio)
+        costs = [1 / r for r in reported]
+        ratios = _cost_ratios(costs, [1.0, 1.0], resampled)
+        measure = Change("samples/s", "samples/s", reported[0], reported[1], _interval(1 / ratios))
         rates, phases, goodput = [], [], None
-    interval = _interval(ratios["cost"], cost_ratio / unit_cost_ratio)
-    if interval is None:  # a resample drew only units without samples: too few of them hold samples
-        raise IncomparableError(f"too few of the {'throughput intervals' if whole else 'steps'} counted samples to "
-                                "tell a change from the noise: samples/s cannot be compared")
-    low, high = interval
-    slowdown = Slowdown("wall time per sample" if whole else "samples/s", (cost_ratio - 1) * 100, low, high)
-    parts = [_part_change(part, units, ratios) for part in (STEP, *(p for p, _, key in PARTS if key or not whole))]
+    low, high = _percent_interval(ratios)
+    slowdown = Slowdown("wall time per sample" if whole else "samples/s", (costs[1] / costs[0] - 1) * 100, low, high)
+    parts = [_part_change(part, units, resampled) for part in (STEP, *(p for p, _, key in PARTS if key or not whole))]
     parts = [c for c in parts if c.name == STEP or c.base or c.new]  # a part neither run has (transfer on a CPU)
     return Comparison(kind=WHOLE_RUN if whole else WINDOW, measure=measure, slowdown=slowdown, rates=rates,
                       parts=parts, phases=phases, goodput=goodput, units=(len(units[0]), len(units[1])),
                       notes=notes(base, new, names), contended=(contention(base), contention(new)))
 
 
-def _rate_change(name: str, rates: Sequence[float], ratios: Mapping[str, Ratios | None],
-                 unit_cost_ratio: float) -> Change:
-    """A samples/s figure: its interval from the resampled cost ratios (a rate is the inverse of a cost), moved
-    from the units' own ratio onto the rates given (module doc)."""
-    cost = ratios["cost"]
-    base_rate, new_rate = rates
-    inverse = 1 / cost if cost is not None else None
-    return Change(name, "samples/s", base_rate, new_rate, _interval(inverse, new_rate / base_rate * unit_cost_ratio))
+def _cost_ratios(costs: Sequence[float], shares: Sequence[float], resampled: _Resampled) -> Ratios:
+    """NEW's seconds per sample over BASE's in each resample: each run's reported `costs`, the part of it that
+    training takes (`shares`) moved by that run's resampled training cost, the rest as measured."""
+    base = costs[0] * (1 - shares[0] + shares[0] * resampled.base_cost)
+    new = costs[1] * (1 - shares[1] + shares[1] * resampled.new_cost)
+    return np.asarray(new / base, dtype=np.float64)
 
 
-def _part_change(part: str, units: tuple[_Units, _Units], ratios: Mapping[str, Ratios | None]) -> Change:
+def _train_share(whole: Mapping[str, Any]) -> float:
+    """Training's share of a whole run's wall time (its goodput); all of it when the report does not say."""
+    goodput = _number(whole.get("goodput"))
+    return 1.0 if goodput is None else min(1.0, max(0.0, goodput))
+
+
+def _part_change(part: str, units: tuple[_Units, _Units], resampled: _Resampled) -> Change:
     base, new = _per_step(units[0], part), _per_step(units[1], part)
-    return Change(part, "s/step", base, new, _interval(ratios.get(part)) if base > 0 else None)
+    return Change(part, "s/step", base, new, _interval(resampled.parts.get(part)) if base > 0 else None)
 
 
 def _train_rate(report: Mapping[str, Any], units: _Units) -> float:
@@ -462,6 +484,14 @@ def notes(base: Mapping[str, Any], new: Mapping[str, Any], names: tuple[str, str
         if None not in values and values[0] != values[1]:
             out.append(f"{what} differ: {values[0]} in {names[0]}, {values[1]} in {names[1]}: the change may be "
                        "the machine's, not the script's")
+    for report, name in zip((base, new), names, strict=True):
+        whole = report.get("whole_run")
+        if not isinstance(whole, Mapping):
+            continue
+        goodput = _number(whole.get("goodput"))
+        if goodput is not None and goodput < OUTSIDE_TRAINING:
+            out.append(f"{name} spent {1 - goodput:.0%} of its wall time outside training ({_largest_phases(whole)}):"
+                       " one figure per run, with no spread in the interval, which holds training's noise alone")
     signals = [r.get("step_signal") for r in (base, new)]
     if None not in signals and signals[0] != signals[1]:
         out.append(f"a step is not the same in both: the {signals[0]} step in {names[0]}, the {signals[1]} step in "
@@ -482,6 +512,13 @@ def contention(report: Mapping[str, Any]) -> str | None:
         f"other processes kept {busy:.1f} cores busy"
 
 
+def _largest_phases(whole: Mapping[str, Any]) -> str:
+    """"startup 63 %, epoch start 3 %": the phases outside training, largest first, those of 1 % or more."""
+    shares = sorted(((_number(p.get("share")) or 0.0, str(p.get("phase"))) for p in whole.get("phases") or []
+                     if isinstance(p, Mapping) and p.get("phase") != "train"), reverse=True)
+    return ", ".join(f"{phase.replace('_', ' ')} {share:.0%}" for share, phase in shares if share >= 0.01) or "—"
+
+
 def _gpu_names(gpus: Any) -> list[str] | None:
     if not isinstance(gpus, list):
         return None
@@ -493,7 +530,8 @@ def _gpu_names(gpus: Any) -> list[str] | None:
 
 def judge(comparison: Comparison, fail_slower_pct: float | None = None) -> Gate:
     """The regression gate (module doc): fail when NEW is slower than BASE by more than `fail_slower_pct` % beyond
-    the noise; say so, and pass, when the noise is wider than the threshold. Without a threshold, only the line."""
+    the noise; pass, saying it could not decide, when the noise is wider than the threshold or the verdict would
+    rest on a run other processes slowed. Without a threshold, only the line saying the change."""
     s = comparison.slowdown
     change = _said(s)
     if fail_slower_pct is None:

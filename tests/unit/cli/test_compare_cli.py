@@ -27,6 +27,25 @@ def report(*, step_s: float = 0.010, seed: int = 1, rows: int = 30, spread: floa
             "script": {"target": "train.py", "args": [], "exit_code": 0}, "loaders": [{"batch_size": 32}]} | extra
 
 
+def whole_run(*, per_sample: float = 0.001, seed: int = 1) -> dict[str, Any]:
+    """A whole-run report: 20 throughput intervals of 10 steps at about `per_sample` seconds a sample, 2 s of
+    startup."""
+    rng = random.Random(seed)
+    throughput = []
+    for i in range(20):
+        seconds = 320 * per_sample * rng.gauss(1.0, 0.03)
+        throughput.append({"start_s": 2.0 + i, "end_s": 2.0 + i + seconds, "steps": 10, "samples": 320,
+                           "samples_per_s": 320 / seconds, "step_s": seconds / 10, "data_wait_s": 0.1 * seconds / 10,
+                           "transfer_s": 0.0, "host_s": 0.0, "compute_s": 0.9 * seconds / 10})
+    train = sum(320 / t["samples_per_s"] for t in throughput)
+    wall = 2.0 + train
+    phases = [{"phase": "startup", "seconds": 2.0, "share": 2.0 / wall},
+              {"phase": "train", "seconds": train, "share": train / wall}]
+    return report(seed=seed) | {"whole_run": {
+        "wall_s": wall, "phases": phases, "goodput": train / wall, "seconds_per_sample": wall / 6400,
+        "train": {"steps": 200, "samples": 6400, "samples_per_s": 6400 / train}, "throughput": throughput}}
+
+
 def write(path: Path, payload: Any) -> str:
     path.write_text(json.dumps(payload))
     return str(path)
@@ -83,6 +102,21 @@ def test_the_json(reports: dict[str, str], tmp_path: Path, capsys: pytest.Captur
     assert [p["name"] for p in payload["parts"]] == ["step", "data wait", "compute"]
     assert payload["gate"] == {"fail_slower_pct": 5.0, "decided": True, "failed": True, "exit_code": 1,
                                "verdict": verdict(capsys.readouterr().out)}
+
+
+def test_whole_runs_gate_on_wall_time_per_sample(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = write(tmp_path / "base.json", whole_run(seed=1))
+    same, slower = (write(tmp_path / "same.json", whole_run(seed=2)),
+                    write(tmp_path / "slower.json", whole_run(seed=2, per_sample=0.00118)))
+    assert main(["compare", "--fail-slower", "5", base, same]) == 0
+    out = capsys.readouterr().out
+    for row in ("whole-run reports", "wall time per sample", "train samples/s", "phase: startup", "goodput",
+                "from 19 and 19 throughput"):
+        assert row in out
+    assert main(["compare", "--fail-slower", "5", base, slower]) == 1
+    assert "% slower in wall time per sample (interval " in verdict(capsys.readouterr().out)
+    assert main(["compare", base, write(tmp_path / "window.json", report())]) == 2
+    assert f"BASE ({base}) is a whole-run report" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("case, why", [

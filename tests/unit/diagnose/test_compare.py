@@ -242,6 +242,17 @@ def test_a_slower_startup_alone_is_a_slower_run() -> None:
     assert c.slowdown.pct > 5 and judge(c, 5).failed
 
 
+def test_time_outside_training_has_no_spread_and_a_note_says_so() -> None:
+    """Startup is one figure per run: only training's share of the wall time moves with the resampled intervals."""
+    c = compare(whole(seed=1, startup_s=200.0, spread=0.1), whole(seed=2, startup_s=200.0, spread=0.1))
+    wall, train = c.measure.interval_pct, c.rates[0].interval_pct
+    assert wall is not None and train is not None
+    assert wall[1] - wall[0] < (train[1] - train[0]) / 4  # training is ~15 % of the wall time
+    assert sum("of its wall time outside training (startup 8" in n and "holds training's noise alone" in n
+               for n in c.notes) == 2
+    assert not any("outside training" in n for n in compare(whole(seed=1), whole(seed=2)).notes)  # 80 % training
+
+
 # ------------------------------------------------------------------------------------------------ incomparable
 
 
