@@ -40,14 +40,16 @@ a regression gate in CI: keep a baseline report, measure each change the same wa
 BASE and NEW are 'trainfast doctor --json' reports of the same script with the same arguments, batch sizes and
 world size: two window reports (samples/s and each part of the step), or two whole-run reports (wall time per
 sample, each phase and goodput). "% slower" is NEW's time per sample over BASE's, less 1 (15 % slower: each
-sample takes 1.15x as long). Each change has a {CONFIDENCE * 100:.0f} % interval from the two runs' own spread: their
-measured steps (a whole run's throughput intervals) resampled, {MIN_UNITS} at least per report. The gate fails
-only when the interval's edge closest to no change is beyond --fail-slower. When the noise (the interval's
-half-width) is wider than --fail-slower, these two runs cannot tell that slowdown from none: the gate says so in a
-warning and exits 0; measure more steps (--steps), on a quieter machine. So does a verdict that rests on a run
-other processes slowed (the doctor's "other processes kept N cores busy"): a slowdown of a contended NEW, a pass
-against a contended BASE. The interval covers the noise within each run, not a change of machine between them:
-the notes name what else the reports record of that (another torch, CPU count or GPU).
+sample takes 1.15x as long). Each change has a {CONFIDENCE * 100:.0f} % interval from the two runs' own spread:
+their measured steps (a whole run's throughput intervals) resampled, {MIN_UNITS} at least per report.
+
+The gate fails only when the interval's edge closest to no change is beyond --fail-slower, and passes when the
+interval stays below --fail-slower, or below twice it with a noise (its half-width) of at most --fail-slower.
+In between, these two runs cannot tell that slowdown from none: a warning says so and the exit code is 0; measure
+more steps (--steps), on a quieter machine. So does a verdict that rests on a run other processes slowed (the
+doctor's "other processes kept N cores busy"): a slowdown of a contended NEW, a pass against a contended BASE.
+The interval covers the noise within each run, not a change of machine between them: the notes name what else
+the reports record of that (another torch, CPU count or GPU).
 
 Exit codes: 0 not slower by more than --fail-slower beyond the noise (or no --fail-slower, or the gate could not
 decide: a warning says why); 1 slower by more than --fail-slower beyond the noise; 2 reports that cannot be

@@ -116,6 +116,17 @@ def test_noise_wider_than_the_threshold_cannot_decide_and_says_so() -> None:
     assert judge(c, 200).decided  # an allowance wider than the noise: the gate judges
 
 
+def test_an_interval_reaching_twice_the_threshold_cannot_decide() -> None:
+    """Noise within the threshold, but the interval does not rule out a slowdown of twice it: no pass."""
+    c = compare(window(seed=1, spread=0.08), window(seed=3, spread=0.08, step_s=0.011))
+    s = c.slowdown
+    assert s.low_pct <= 5 < 10 < s.high_pct and s.noise_pct <= 5
+    gate = judge(c, 5)
+    assert not gate.decided and gate.exit_code == 0
+    assert gate.verdict.startswith("warning: cannot decide: NEW is")
+    assert "a slowdown of twice that (10 %) is within the interval" in gate.verdict
+
+
 def test_a_faster_new_passes_and_says_faster() -> None:
     c = compare(window(seed=1), window(seed=2, step_s=0.008))
     gate = judge(c, 5)
