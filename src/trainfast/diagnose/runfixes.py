@@ -175,7 +175,7 @@ def whole_run_fixes(whole: dict[str, Any], step_fixes: list[Recommendation], *, 
             "eval_less_often", "Evaluate less often, or on fewer batches",
             f"evaluation took {share['evaluation']:.0%} of the run: {evaluation['passes']} pass(es), "
             f"{evaluation['forwards']} forward(s), {seconds['evaluation']:.1f} s",
-            "halve the evaluation interval's frequency (eval_interval x2) or its batches (eval_iters / 2)",
+            "evaluate every 2x as many steps, or on half the batches (nanoGPT: eval_interval x2 or eval_iters / 2)",
             _removed(share["evaluation"] / 2), gain_basis="estimate", run_gain=_removed(share["evaluation"] / 2),
             basis_reason="the measured share halved: how often to evaluate is the script's choice"))
     checkpoint = whole["checkpoint"]
@@ -203,8 +203,9 @@ def whole_run_fixes(whole: dict[str, Any], step_fixes: list[Recommendation], *, 
             found = [r for r in found if r.id != "persistent_workers"]
             found.append(Recommendation(
                 "persistent_workers", "Keep the loader's workers alive between epochs",
-                f"{len(restarts)} epoch(s) restarted the loader's workers: {sum(restarts):.1f} s from iter() to "
-                f"the first batch ({share['epoch_start']:.0%} of the run, the first epoch's start included)",
+                f"{len(restarts)} epoch(s) after the first restarted the loader's workers: {sum(restarts):.1f} s "
+                f"from iter() to the first batch, against {kept:.2f} s for a first batch from kept workers (the "
+                "steps' median data wait)",
                 "DataLoader(..., persistent_workers=True)", gain, overrides={"persistent_workers": True},
                 gain_basis="measured", run_gain=gain))
     if seconds["compile"] > 0:

@@ -32,7 +32,8 @@ def main():
     parser.add_argument("--save-every", type=int, default=25)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
-    parser.add_argument("--sleep-ms", type=float, default=0.0, help="a sleep in every step (a slower loop)")
+    parser.add_argument("--sleep-ms", type=float, default=float(os.environ.get("WHOLE_RUN_SLEEP_MS", "0")),
+                        help="a sleep in every step: the same script made slower (default: $WHOLE_RUN_SLEEP_MS or 0)")
     args = parser.parse_args()
     torch.manual_seed(0)
     x = torch.randn(args.samples, 64)

@@ -1,0 +1,97 @@
+"""Fixes for a whole run's time outside its steps (runfixes.py): ranked with the step fixes by their gain on the run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from trainfast.diagnose.evidence import LoaderStats
+from trainfast.diagnose.ledger import EvalPass, Ledger
+from trainfast.diagnose.probe import Trial
+from trainfast.diagnose.recommend import Recommendation
+from trainfast.diagnose.runfixes import amdahl, eval_trial, whole_run_fixes
+
+
+def entry(**seconds: float) -> dict:
+    """A whole-run entry of 100 s with these phases' seconds (the rest is train)."""
+    phases = dict.fromkeys(("startup", "compile", "evaluation", "checkpoint", "epoch_start", "other"), 0.0)
+    phases.update(seconds)
+    phases["train"] = 100.0 - sum(phases.values())
+    return {"wall_s": 100.0, "phases": [{"phase": p, "seconds": s, "share": s / 100} for p, s in phases.items()],
+            "evaluation": {"passes": 10, "forwards": 400, "data_wait_s": 2.0},
+            "checkpoint": {"writes": [{"background": False, "bytes": 10**9} for _ in range(4)], "blocking_s":
+                           phases["checkpoint"]},
+            "epoch_start": {"seconds": [1.0, 1.0, 1.0, 1.0]}}
+
+
+def loader(persistent: bool = False) -> LoaderStats:
+    return LoaderStats(0, "DataLoader", "TensorDataset", 2, False, persistent, 2, 64, False, None, batches=100)
+
+
+STEP_FIX = Recommendation("num_workers", "More workers", "why", "fix", 1.5, gain_basis="measured")
+
+
+def faster(factor: float) -> Trial:
+    return Trial("eval_autocast", "bfloat16 autocast + inference_mode", factor=factor, low=factor, high=factor,
+                 rounds=7, faster_rounds=7 if factor > 1 else 0, base_s=0.01, value=("cpu", "bfloat16"))
+
+
+def test_the_evaluation_fix_outranks_a_step_fix_when_evaluation_is_the_larger_share() -> None:
+    recs, notes = whole_run_fixes(entry(evaluation=50), [STEP_FIX], trial=faster(2.0), loaders=[loader()],
+                                  step_wait_s=0.01, bandwidth=None)
+    ids = [r.id for r in recs]
+    assert ids[0] == "eval_autocast" and ids.index("eval_autocast") < ids.index("num_workers")
+    top = recs[0]
+    # 48 s of evaluation compute (its 2 s of data wait stay) twice as fast: 100 / 76
+    assert top.run_gain == pytest.approx(100 / 76) and top.gain_basis == "measured" and "autocast('cpu'" in top.fix
+    step = next(r for r in recs if r.id == "num_workers")
+    assert step.run_gain == pytest.approx(amdahl(0.5, 1.5)) and step.expected_gain == 1.5
+    assert next(r for r in recs if r.id == "eval_less_often").gain_basis == "estimate" and not notes
+
+
+def test_an_evaluation_precision_measured_slower_is_a_note_not_a_fix() -> None:
+    recs, notes = whole_run_fixes(entry(evaluation=30), [], trial=faster(0.7), loaders=[], step_wait_s=None,
+                                  bandwidth=None)
+    assert "eval_autocast" not in [r.id for r in recs] and "0.70x" in notes[0] and "not faster" in notes[0]
+
+
+def test_background_checkpoints_gain_the_blocking_time_less_a_copy_to_host_memory() -> None:
+    recs, _ = whole_run_fixes(entry(checkpoint=10), [], trial=None, loaders=[], step_wait_s=None,
+                              bandwidth=4e9)  # 4 GB written: a 1 s copy at 4 GB/s
+    fix = next(r for r in recs if r.id == "async_checkpoint")
+    assert fix.run_gain == pytest.approx(100 / 91) and "3.7 GiB" in fix.why and "1.00 s" in fix.why
+
+
+def test_persistent_workers_from_the_measured_epoch_restarts() -> None:
+    recs, _ = whole_run_fixes(entry(epoch_start=4), [], trial=None, loaders=[loader()], step_wait_s=0.1,
+                              bandwidth=None)
+    fix = next(r for r in recs if r.id == "persistent_workers")
+    assert fix.run_gain == pytest.approx(100 / (100 - (3.0 - 0.3))) and fix.overrides == {"persistent_workers": True}
+    kept, _ = whole_run_fixes(entry(epoch_start=4), [], trial=None, loaders=[loader(persistent=True)],
+                              step_wait_s=0.1, bandwidth=None)
+    assert "persistent_workers" not in [r.id for r in kept]  # already in use
+
+
+def test_startup_and_compile_are_named_without_a_gain() -> None:
+    recs, _ = whole_run_fixes(entry(startup=20, compile=5), [], trial=None, loaders=[], step_wait_s=None,
+                              bandwidth=None)
+    named = {r.id: r for r in recs}
+    assert named["startup"].run_gain is None and "20.0 s" in named["startup"].why
+    assert "compile cache" in named["compile"].why and [r.id for r in recs][-2:] == ["compile", "startup"]
+
+
+def test_eval_trial_times_the_scripts_own_model_and_batch_and_restores_its_mode() -> None:
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    model.train()
+    ledger = Ledger(process_start=0.0)
+    ledger.passes.append(EvalPass(0.0, 1.0, forwards=3))
+    ledger.eval_call = (model, (torch.randn(8, 16),), {})
+    trial = eval_trial(ledger, (("cpu", "bfloat16"),))
+    assert trial is not None and trial.factor is not None and trial.rounds >= 3 and trial.value == ("cpu", "bfloat16")
+    assert model.training and ledger.eval_call is None
+    # evaluation already under autocast, or training without it: nothing to try
+    ledger.eval_call = (model, (torch.randn(8, 16),), {})
+    assert eval_trial(ledger, ()) is None
+    ledger.passes[0].autocast_forwards = 3
+    assert eval_trial(ledger, (("cpu", "bfloat16"),)) is None
