@@ -32,12 +32,15 @@ EXAMPLES = """examples:
   trainfast train --data ~/data/pets --model convnet --image-size 96 --epochs 10 --checkpoint-dir runs/pets
   trainfast train --checkpoint-dir runs/pets --resume      # continue after a stop or preemption
   trainfast train --epochs 3 --compile auto --json run.json # torch.compile kept only if it pays here
+  trainfast train --epochs 3 --tensorboard runs/tb         # then: tensorboard --logdir runs/tb
   torchrun --standalone --nproc-per-node=2 -m trainfast train --epochs 2 --checkpoint-dir runs/ddp --resume
 
 --data DIR must hold DIR/train/<class>/<image> (and optionally DIR/val/<class>/<image>), or be a folder written
 by 'trainfast pack' (DIR/train/index.json and optionally DIR/val/index.json: fewer, larger files to read).
 precision, channels_last and --compile auto are confirmed by A/Bs on the first steps: the log and the JSON's
 precision / channels_last / compile blocks say what was chosen, with the measured step times.
+Each epoch's checkpoint is written in the background while the next epoch trains (training waits only to copy the
+state to host memory); the summary and the JSON's checkpoint_blocked_s / checkpoint_write_s say how long.
 --on-bad-sample skip: a corrupt or truncated image is logged and replaced by the next one (at most 1% of the
 samples); the summary and the JSON's skipped_samples count them.
 Errors are one line, 'trainfast train: error: ...' (--debug: the full traceback). Exit codes: 0 done,
@@ -113,6 +116,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
           + (f", {skipped} corrupt sample(s) skipped" if args.on_bad_sample == "skip" else ""))
     if result.checkpoint:
         print(f"checkpoints: {result.checkpoint}" + (f", {result.best_checkpoint}" if result.best_checkpoint else ""))
+    if result.checkpoint_blocked_s:
+        blocked, written = result.checkpoint_blocked_s, result.checkpoint_write_s
+        print(f"checkpoint saves: training waited {sum(blocked):.3f} s for {len(blocked)} save(s) (at most "
+              f"{max(blocked):.3f} s each); their writes took {sum(written):.3f} s in the background")
     if args.json:
         try:  # a full volume costs the summary file, not the run: the checkpoints are written already
             kept = f" ({result.checkpoint} is intact)" if result.checkpoint else ""

@@ -4,7 +4,9 @@
 - `on_epoch_start(trainer, epoch)`
 - `on_log(trainer, metrics)`            every `log_every` optimizer steps; metrics already on the host
 - `on_validation_end(trainer, metrics)`
-- `on_checkpoint(trainer, path)`        after a checkpoint is safely on disk
+- `on_checkpoint(trainer, path)`        after a checkpoint is safely on disk (an epoch's checkpoint is written in
+                                        the background: its event comes when the next save or the end of fit has
+                                        waited for the write)
 - `on_epoch_end(trainer, epoch, metrics)`
 - `on_fit_end(trainer, result)`
 

@@ -16,6 +16,7 @@ zip writer raises a RuntimeError, not an OSError; `trainfast.atomic.write_failur
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import logging
 import pickle
@@ -90,6 +91,56 @@ def state_bytes(obj: Any) -> int:
         return int(obj.untyped_storage().nbytes()) if obj.device.type != "meta" else 0
     values: Iterable[Any] = obj.values() if isinstance(obj, Mapping) else obj if isinstance(obj, (list, tuple)) else ()
     return sum(state_bytes(v) for v in values)
+
+
+def to_host(obj: Any) -> Any:
+    """A copy of a (nested) state dict that training can no longer change: every tensor in host memory, dicts, lists
+    and tuples rebuilt, other values (numbers, strings) as they are. A background write saves it while the next
+    epoch trains: the state dicts hold the live parameters, moments and step counters, and even their containers
+    (an optimizer's per-parameter state).
+
+    Each storage is copied once and its tensors rebuilt on the copy, so tensors that share a storage (tied
+    weights) still share it, and the file holds what `torch.save` of the original would hold; layouts
+    (channels_last) are kept. Objects met twice (the RNG state under "rng" and "rng_per_rank") are copied once."""
+    return _to_host(obj, {})
+
+
+def _to_host(obj: Any, memo: dict[Any, Any]) -> Any:
+    if id(obj) in memo:
+        return memo[id(obj)]
+    out: Any
+    if isinstance(obj, torch.Tensor):
+        out = _tensor_to_host(obj, memo)
+    elif isinstance(obj, dict):
+        out = copy.copy(obj)  # the same mapping type, with its attributes (a state dict's `_metadata`)
+        memo[id(obj)] = out
+        for key, value in obj.items():
+            out[key] = _to_host(value, memo)
+    elif isinstance(obj, list):
+        out = []
+        memo[id(obj)] = out
+        out.extend(_to_host(value, memo) for value in obj)
+    elif isinstance(obj, tuple):
+        items = [_to_host(value, memo) for value in obj]
+        out = type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)  # a namedtuple takes its fields
+    else:
+        return obj
+    memo[id(obj)] = out
+    return out
+
+
+def _tensor_to_host(tensor: torch.Tensor, memo: dict[Any, Any]) -> torch.Tensor:
+    t = tensor.detach()
+    if t.device.type == "meta":
+        return t  # no data to copy
+    if type(t) is not torch.Tensor or t.layout != torch.strided or t.is_quantized:
+        return t.clone() if t.device.type == "cpu" else t.to("cpu", copy=True)
+    storage = t.untyped_storage()
+    key = ("storage", str(t.device), storage.data_ptr(), storage.nbytes())
+    host = memo.get(key)
+    if host is None:  # a blocking copy: once it returns, training may change the original
+        host = memo[key] = storage.clone() if t.device.type == "cpu" else storage.cpu()
+    return torch.empty(0, dtype=t.dtype).set_(host, t.storage_offset(), t.size(), t.stride())
 
 
 def estimate_checkpoint_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:

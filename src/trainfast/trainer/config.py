@@ -58,6 +58,10 @@ class TrainConfig:
     progress: bool = field(default=True, metadata=_opt("show a progress bar on a terminal, log lines otherwise"))
     monitor: bool = field(default=False, metadata=_opt(
         "sample CPU, memory, workers and GPUs in a background thread; the summary lands in the result"))
+    tensorboard: str | None = field(default=None, metadata=_opt(
+        "write TensorBoard scalars to this folder: train/loss, train/lr, train/samples_per_s, "
+        "train/data_wait_fraction and train/mfu at each log point, val/* at each epoch's end (rank 0; needs "
+        "pip install 'trainfast[tensorboard]')"))
     scaler: ScalerConfig = field(default_factory=ScalerConfig, metadata=_opt("GradScaler knobs (16-mixed)"))
 
     def __post_init__(self) -> None:

@@ -24,11 +24,12 @@ from trainfast.loader.seeding import seed_all
 from trainfast.monitor import Monitor
 from trainfast.precision.policy import PrecisionPolicy, ScaleWatch
 from trainfast.samples import batch_samples
+from trainfast.tensorboard import ScalarWriter, TensorBoardUnavailableError, require_tensorboard
 from trainfast.trainer.callbacks import check_callbacks, emit
-from trainfast.trainer.checkpoint import clean_stale_temps, copy_best, room_for_checkpoints
+from trainfast.trainer.checkpoint import clean_stale_temps, room_for_checkpoints
 from trainfast.trainer.clock import StepClock
 from trainfast.trainer.config import ConfigError, TrainConfig
-from trainfast.trainer.distributed import all_max, barrier, dist_info, dist_initialized, process_group
+from trainfast.trainer.distributed import all_max, dist_info, dist_initialized, process_group
 from trainfast.trainer.feeding import (
     batches_per_epoch,
     check_sharding,
@@ -80,7 +81,9 @@ class Trainer:
         try:
             self.dist = dist_info()  # torchrun's RANK / LOCAL_RANK / WORLD_SIZE, or a single process (srun refused)
             self.device = resolve_device(cfg.device)
-        except ValueError as e:
+            if cfg.tensorboard and self.dist.is_main:
+                require_tensorboard()  # before any training, not at the first log point
+        except (ValueError, TensorBoardUnavailableError) as e:
             raise ConfigError(str(e)) from None
         prepared = prepare_step(model, self.device, lr=cfg.lr, weight_decay=cfg.weight_decay, precision=cfg.precision,
                                 channels_last=cfg.channels_last, optimizer=optimizer, scaler=cfg.scaler)
@@ -106,6 +109,7 @@ class Trainer:
         self.state = TrainerState(self)
         self.mfu = MfuMeter()
         self.ranks = Ranks()
+        self.tensorboard: ScalarWriter | None = None  # open during fit with TrainConfig(tensorboard=...), rank 0
         log.info("precision: %s (%s); device: %s", self.precision.name, self.precision.reason, self.device)
 
     @property
@@ -134,6 +138,7 @@ class Trainer:
             seed_all(cfg.seed)  # a resumed run then restores the RNG states it saved
         if resume:
             self.state.restore(resume, trust_checkpoint)
+        self.state.blocked_s, self.state.write_s = [], []  # this fit's saves
         started = time.perf_counter()
         with ExitStack() as stack:  # each part undoes itself however fit ends
             bar, stop, monitor = self._set_up(stack, train_loader, val_loader, total_steps)
@@ -163,6 +168,7 @@ class Trainer:
                                                                 cfg.keep_checkpoints)
                              if cfg.checkpoint_dir and self.dist.is_main else None)
         distributed = stack.enter_context(process_group(self.dist, self.device))
+        stack.enter_context(self.state.writes_joined())  # inside the process group: its outcome is shared over it
         if distributed:
             check_sharding(train_loader)
         fresh = self.epoch == self.step == self.batch == 0
@@ -181,6 +187,9 @@ class Trainer:
         stack.enter_context(workers_ignore(signals, train_loader, val_loader))  # the main process stops them
         stack.enter_context(closing(train_loader, val_loader))
         monitor = stack.enter_context(Monitor()) if cfg.monitor else None
+        if cfg.tensorboard and self.dist.is_main:
+            self.tensorboard = stack.enter_context(ScalarWriter(cfg.tensorboard))
+            stack.callback(setattr, self, "tensorboard", None)
         bar = stack.enter_context(ProgressReporter(enabled=cfg.progress and self.dist.is_main,
                                                    total_steps=total_steps, interval_s=cfg.log_interval_s,
                                                    epochs=cfg.epochs))
@@ -258,6 +267,13 @@ class Trainer:
             warning = self.scale_watch.observe(self.last_loss_scale)
             if warning and self.dist.is_main:
                 log.warning("%s", warning)
+        if self.tensorboard is not None:  # host values only: no sync beyond the loss read above
+            use = self.mfu.at(window.samples_per_s)
+            self.tensorboard.scalars(self.step, {
+                "train/loss": metrics["loss"], "train/lr": metrics["lr"],
+                "train/samples_per_s": window.samples_per_s * self.dist.world_size,  # the job's, as the progress line
+                "train/data_wait_fraction": window.data_wait_fraction,
+                "train/mfu": use.mfu if use is not None else None, "train/loss_scale": metrics.get("loss_scale")})
         emit(self.callbacks, "on_log", self, metrics)
 
     def _show(self, bar: ProgressReporter, now: float) -> None:
@@ -297,13 +313,18 @@ class Trainer:
         improved = score is not None and (self.best_metric is None or score > self.best_metric)
         if improved:
             self.best_metric = score
+        if self.tensorboard is not None:
+            val = {"val/" + name.removeprefix("val_"): value for name, value in metrics.items()
+                   if name.startswith("val_")}
+            self.tensorboard.scalars(self.step, {"train/epoch_loss": metrics.get("train_loss")} | val)
+            self.tensorboard.flush()
         if self.config.checkpoint_dir:
-            path = self.save(Path(self.config.checkpoint_dir) / "last.pt")
-            if improved and self.dist.is_main:
-                best = copy_best(path, Path(self.config.checkpoint_dir) / "best.pt")  # a failure only warns
-                if best is not None:
-                    emit(self.callbacks, "on_checkpoint", self, best)
-            barrier()
+            # Training waits for the capture and the copy to host memory; rank 0 writes last.pt (then best.pt) on a
+            # thread while the next epoch trains. The write is joined at the next save or at the end of fit.
+            folder = Path(self.config.checkpoint_dir)
+            self.state.save_in_background(folder / "last.pt", folder / "best.pt" if improved else None)
+            if self.epoch >= self.config.epochs:  # the last epoch: nothing left to train beside the write
+                self.state.join()
         emit(self.callbacks, "on_epoch_end", self, self.epoch - 1, metrics)
         self.clock.resume()
 
@@ -314,13 +335,15 @@ class Trainer:
     def save(self, path: Path) -> Path:
         """Write a checkpoint (collective under DDP: every rank calls it, rank 0 writes, all wait for the file).
 
-        The previous `keep_checkpoints - 1` files are kept beside it (`last.1.pt`, ...) for a corrupt one.
-        A write that fails raises `CheckpointWriteError` on every rank (the previous checkpoint stays intact)."""
+        Synchronous: a background write of `fit`'s still in flight is waited for first, then this one is written
+        before it returns. The previous `keep_checkpoints - 1` files are kept beside it (`last.1.pt`, ...) for a
+        corrupt one. A write that fails raises `CheckpointWriteError` on every rank (the previous checkpoint stays
+        intact)."""
         return self.state.save(path)
 
     def _stop_for_signal(self) -> None:
         self._read_window()  # refuses to save if the loss went non-finite
-        if self.config.checkpoint_dir:
+        if self.config.checkpoint_dir:  # synchronous (the process exits next), after the write in flight
             path = self.save(Path(self.config.checkpoint_dir) / "last.pt")
             if self.dist.is_main:
                 log.warning("stopped at epoch %d batch %d (step %d); saved %s; resume with resume=True / --resume",
@@ -344,7 +367,8 @@ class Trainer:
             skipped_steps=self.scaler.skipped_steps if self.scaler.enabled else 0, wall_s=wall_s,
             loss_scale=self.scaler.loss_scale if self.scaler.enabled else None, **self.practices.to_json(),
             mfu=use.mfu if use is not None else None, mfu_reason=self.mfu.why_none(use), flops_per_step=self.mfu.flops,
-            peak_flops_per_s=peak.flops_per_s if peak else None, peak_source=peak.source if peak else None)
+            peak_flops_per_s=peak.flops_per_s if peak else None, peak_source=peak.source if peak else None,
+            checkpoint_blocked_s=list(self.state.blocked_s), checkpoint_write_s=list(self.state.write_s))
 
     def _prefetch(self, loader: Iterable[Any]) -> Iterable[Any]:
         return prefetch(loader, self.device, lambda: self.practices.channels_last)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -31,6 +31,10 @@ class FitResult:
     flops_per_step: int | None = None  # one batch's forward and backward (a micro-batch's under accumulation)
     peak_flops_per_s: float | None = None
     peak_source: str | None = None  # "table: ..." (a datasheet's dense figure) or "measured: ..."
+    # Per checkpoint save, in order: seconds training waited for it (the capture and the copy to host memory, and a
+    # previous write still in flight), and seconds its write (last.pt, then best.pt) took in the background (rank 0)
+    checkpoint_blocked_s: list[float] = field(default_factory=list)
+    checkpoint_write_s: list[float] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         out = {"epochs": self.epochs, "steps": self.steps, "samples_per_s": self.samples_per_s,
@@ -40,5 +44,6 @@ class FitResult:
                "loss_scale": self.loss_scale, "precision": self.precision, "channels_last": self.channels_last,
                "compile": self.compile, "mfu": self.mfu, "mfu_reason": self.mfu_reason,
                "flops_per_step": self.flops_per_step, "peak_flops_per_s": self.peak_flops_per_s,
-               "peak_source": self.peak_source}
+               "peak_source": self.peak_source, "checkpoint_blocked_s": self.checkpoint_blocked_s,
+               "checkpoint_write_s": self.checkpoint_write_s}
         return out | ({"monitor": self.monitor} if self.monitor is not None else {})

@@ -1,11 +1,21 @@
 """The checkpoint state the Trainer owns: what a checkpoint holds (model, optimizer, schedule, loss scaler, position,
 loss so far, RNG of every rank, the practices chosen), writing it from rank 0 with every rank agreeing on the
 outcome, and restoring it for `fit(resume=...)`. The files themselves (atomic writes, rotation, validation) are
-`checkpoint.py`'s."""
+`checkpoint.py`'s.
+
+`fit`'s end-of-epoch checkpoints are written in the background: training stops only to capture the state and copy
+it to host memory (`to_host`), then one thread writes it (rank 0) while the next epoch trains. At most one write is
+in flight: the next save, the end of fit, a stop signal's save or an exception leaving fit first waits for it, and
+its outcome is handled there as a synchronous write's would be (`CheckpointWriteError` on every rank).
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -17,11 +27,13 @@ from trainfast.trainer.callbacks import emit
 from trainfast.trainer.checkpoint import (
     CheckpointError,
     CheckpointWriteError,
+    copy_best,
     load_checkpoint,
     load_latest_good,
     rng_state,
     save_checkpoint,
     set_rng_state,
+    to_host,
     versions,
 )
 from trainfast.trainer.config import ConfigError, TrainConfig
@@ -51,12 +63,50 @@ class Owner(Protocol):
     best_metric: float | None
 
 
+class CheckpointWrite:
+    """One checkpoint write: `last.pt` (`save_checkpoint`), then `best.pt` copied from it when `best` is given; on a
+    thread of its own when `background`, else at once. `wait()` returns once it is done; its outcome is then in
+    `error` (whatever the write raised), `best_written` and `write_s`."""
+
+    def __init__(self, state: dict[str, Any], path: Path, keep: int, best: Path | None, *,
+                 background: bool) -> None:
+        self.path, self.best = path, best
+        self.error: BaseException | None = None
+        self.best_written: Path | None = None
+        self.write_s = 0.0
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._write, args=(state, keep), name="trainfast-checkpoint-write")
+            self._thread.start()
+        else:
+            self._write(state, keep)
+
+    def _write(self, state: dict[str, Any], keep: int) -> None:
+        started = time.perf_counter()
+        try:
+            save_checkpoint(state, self.path, keep)
+            if self.best is not None:
+                self.best_written = copy_best(self.path, self.best)  # a failure only warns
+        except BaseException as e:  # handed to the training thread at the join, never printed by this one
+            self.error = e
+        finally:
+            self.write_s = time.perf_counter() - started
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+
 class TrainerState:
     """Capture, save and restore a `Trainer`'s whole training state (as a connector owned by its Trainer)."""
 
     def __init__(self, trainer: Owner) -> None:
         self.trainer = trainer
         self.saved_practices: dict[str, str] | None = None  # what the run a restored checkpoint came from chose
+        self.pending: CheckpointWrite | None = None  # rank 0's write in flight
+        self.writing = False  # a background save was started and its outcome not yet shared (every rank alike)
+        self.blocked_s: list[float] = []  # per save: seconds the training thread spent in it
+        self.write_s: list[float] = []  # per save: seconds its write took (rank 0)
 
     def capture(self, rng_per_rank: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         t = self.trainer
@@ -70,25 +120,80 @@ class TrainerState:
                 "format": 1}
 
     def save(self, path: Path) -> Path:
-        """Collective under DDP: every rank calls it, rank 0 writes, all learn the outcome (see `Trainer.save`)."""
+        """Collective under DDP: every rank calls it, rank 0 writes, all learn the outcome (see `Trainer.save`).
+        Synchronous: a write in flight is waited for first, then this one is written before it returns."""
+        self._start(path, None, background=False)
+        self.join()
+        return path
+
+    def save_in_background(self, path: Path, best: Path | None) -> None:
+        """`save`, but rank 0 writes on a thread while training goes on: training waits only for a write still in
+        flight (`join`), the capture and the copy to host memory. `best`: where to copy `path` once written (rank 0's
+        epoch improved). Collective under DDP; call `join` (every rank) before anything that needs the file."""
+        self._start(path, best, background=True)
+
+    def _start(self, path: Path, best: Path | None, *, background: bool) -> None:
         t = self.trainer
+        started = time.perf_counter()
+        self.join()  # at most one write in flight; a failed one raises here, on every rank
         rngs = gather(rng_state(t.device))  # each rank's RNG (its dropout stream) is part of an exact resume
-        failed: CheckpointWriteError | None = None
         if t.dist.is_main:
-            try:
-                save_checkpoint(self.capture(rngs), path, t.config.keep_checkpoints)
-            except CheckpointWriteError as e:
-                failed = e
-            else:
-                emit(t.callbacks, "on_checkpoint", t, path)
+            state = self.capture(rngs)
+            self.pending = CheckpointWrite(to_host(state) if background else state, path, t.config.keep_checkpoints,
+                                           best, background=background)
+        self.writing = True
+        self.blocked_s.append(time.perf_counter() - started)
+
+    def join(self) -> None:
+        """Wait for the write in flight, if any, and hand its outcome to every rank (collective under DDP: every rank
+        calls it at the same point): `on_checkpoint` for each file written, or the write's error raised on every
+        rank (`CheckpointWriteError`: rank 0's own, the others with its message; the previous checkpoint stays)."""
+        if not self.writing:
+            return
+        self.writing = False
+        failed = self._wait()
         # Rank 0's outcome reaches every rank here, once its write is done (the wait a barrier gave): a failure
         # stops all ranks together instead of leaving the others waiting for a file that never comes.
-        outcome = gather(None if failed is None else str(failed))[0]
+        outcome = gather(None if failed is None else (isinstance(failed, CheckpointWriteError), str(failed)))[0]
         if failed is not None:
             raise failed
         if outcome is not None:
-            raise CheckpointWriteError(outcome)
-        return path
+            written, message = outcome
+            if written:
+                raise CheckpointWriteError(message)
+            raise RuntimeError(f"rank 0 could not write the checkpoint: {message}")
+
+    def _wait(self) -> BaseException | None:
+        """Rank 0: wait for the write in flight; `on_checkpoint` for what it wrote, or its error."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return None
+        pending.wait()
+        self.write_s.append(pending.write_s)
+        if pending.error is None:
+            t = self.trainer
+            emit(t.callbacks, "on_checkpoint", t, pending.path)
+            if pending.best_written is not None:
+                emit(t.callbacks, "on_checkpoint", t, pending.best_written)
+        return pending.error
+
+    @contextmanager
+    def writes_joined(self) -> Iterator[None]:
+        """For `fit`'s block: the block never ends with a write in flight. On a normal end the write is joined as
+        `join` does; when an exception leaves the block it is waited for on this rank only (the other ranks may be
+        anywhere: no collective), and a failed write is raised in place of an `Exception` (the write failed first:
+        a synchronous write would have stopped training there), or logged beside a KeyboardInterrupt or SystemExit."""
+        try:
+            yield
+        except BaseException as e:
+            self.writing = False
+            failed = self._wait()
+            if failed is not None:
+                if isinstance(e, Exception):
+                    raise failed  # noqa: B904 (its __cause__ is the write's own; what it replaces, its __context__)
+                log.error("%s", failed)
+            raise
+        self.join()
 
     def restore(self, resume: bool | str | Path, trusted: bool) -> None:
         t, cfg = self.trainer, self.trainer.config
