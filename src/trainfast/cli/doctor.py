@@ -13,6 +13,9 @@ from rich.console import Console
 from trainfast.atomic import OutputWriteError, json_text, write_output
 from trainfast.cli.flags import positive_int, positive_seconds
 
+# The doctor's wall-time limit when --max-seconds is not given, except for a whole run (which runs to its end)
+DEFAULT_MAX_SECONDS = 300.0
+
 if TYPE_CHECKING:
     from trainfast.diagnose.report import Report
     from trainfast.diagnose.runner import DoctorRun
@@ -25,7 +28,7 @@ EXAMPLES = """examples:
   trainfast doctor --json report.json --html report.html train.py
   trainfast doctor --max-seconds 120 train.py        # stop the script after 2 minutes, report what it measured
   trainfast doctor --verify train.py -- data/        # re-run the script per fix: measured beside expected gain
-  trainfast doctor --whole-run train.py              # run it to its end: start-up, evaluation, checkpoints, goodput
+  trainfast doctor --whole-run train.py              # to its end (no time limit): start-up, evaluation, goodput
   trainfast doctor --whole-run --tensorboard runs/doctor train.py   # ... and the figures as TensorBoard scalars
   trainfast doctor train.py --steps 50 -- --lr 0.1   # doctor options after SCRIPT too, when -- ends them
 
@@ -56,9 +59,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=positive_int, default=30, help="optimizer steps to measure (default: 30)")
     p.add_argument("--warmup", type=int, default=5, help="steps to run before measuring (default: 5)")
-    p.add_argument("--max-seconds", type=positive_seconds, default=300.0, metavar="S",
+    p.add_argument("--max-seconds", type=positive_seconds, default=None, metavar="S",
                    help="stop the script after this much wall time and report what was measured by then "
-                        "(default: 300)")
+                        "(default: 300; no limit with --whole-run)")
     p.add_argument("--verify", action="store_true",
                    help="after the run, re-run the script once per fix that can be injected without editing it "
                         "(plus two baseline runs), each in a fresh process, and rank the fixes by measured gain")
@@ -105,6 +108,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         refusal = torchrun_refusal(target, module=bool(args.module))
         if refusal is not None:  # before the script runs: nothing to measure twice
             parser.error(refusal)
+    if args.max_seconds is None:  # a whole run runs to its end unless given a limit
+        args.max_seconds = None if args.whole_run else DEFAULT_MAX_SECONDS
     if args.tensorboard is not None:
         from trainfast.tensorboard import TensorBoardUnavailableError, require_tensorboard
 
@@ -210,17 +215,18 @@ def _verify(report: Report, target: str, *, module: bool, script_args: list[str]
         print(line, file=sys.stderr, flush=True)
 
     fixes = [r for r in report.recommendations if r.overrides]
+    limit = args.max_seconds or DEFAULT_MAX_SECONDS  # each re-run measures a window, a whole run or not
     if not fixes:
         say("verify: no fix to re-run: " + ("none of the fixes can be injected into the script without editing it"
                                             if report.recommendations else "the doctor recommended none"))
     else:
         runs = (len(fixes) + 2) * args.verify_repeats
-        say(f"verify: {runs} more run(s) of the script, each in a fresh process and up to {args.max_seconds:g} s: "
+        say(f"verify: {runs} more run(s) of the script, each in a fresh process and up to {limit:g} s: "
             f"baseline, {', '.join(r.id for r in fixes)}, baseline" + (f"; x{args.verify_repeats}"
                                                                      if args.verify_repeats > 1 else ""))
     try:
         ranked, info = verify_fixes(target, module=module, args=script_args, recommendations=report.recommendations,
-                                    steps=args.steps, warmup=args.warmup, max_seconds=args.max_seconds,
+                                    steps=args.steps, warmup=args.warmup, max_seconds=limit,
                                     repeats=args.verify_repeats, progress=say)
     except KeyboardInterrupt:  # the child was killed; the report still has the first run's estimates
         say("verify: interrupted; the report shows the estimated gains only")
