@@ -37,10 +37,13 @@ def report(path: Path, sleep_ms: float = 0.0) -> dict[str, Any]:
     return dict(json.loads(path.read_text()))
 
 
-def gate(base: Path, new: Path, percent: float) -> tuple[int, str]:
-    done = subprocess.run([sys.executable, "-m", "trainfast", "compare", "--fail-slower", f"{percent:g}", str(base),
-                           str(new)], capture_output=True, text=True)
-    return done.returncode, (done.stdout + done.stderr).strip().splitlines()[-1]
+def gate(base: Path, new: Path, percent: float) -> tuple[int, bool, str]:
+    """The gate's exit code, whether it decided (a pass with a "cannot decide" warning also exits 0), its verdict."""
+    out = new.with_suffix(".gate.json")
+    done = subprocess.run([sys.executable, "-m", "trainfast", "compare", "--fail-slower", f"{percent:g}", "--json",
+                           str(out), str(base), str(new)], capture_output=True, text=True)
+    verdict = json.loads(out.read_text())["gate"] if out.exists() else {"decided": False, "verdict": done.stderr}
+    return done.returncode, bool(verdict["decided"]), str(verdict["verdict"]).strip()
 
 
 def main() -> None:
@@ -63,18 +66,22 @@ def main() -> None:
             report(base)
             report(same)
             slowed = report(slow, sleep_ms)["whole_run"]
-            same_code, same_line = gate(base, same, opts.fail_slower)
-            slow_code, slow_line = gate(base, slow, opts.fail_slower)
+            same_code, same_decided, same_line = gate(base, same, opts.fail_slower)
+            slow_code, slow_decided, slow_line = gate(base, slow, opts.fail_slower)
             base_s = json.loads(base.read_text())["whole_run"]["seconds_per_sample"]
             rounds.append({"same_exit": same_code, "slow_exit": slow_code, "same": same_line, "slow": slow_line,
+                           "same_decided": same_decided, "slow_decided": slow_decided,
                            "slow_change": slowed["seconds_per_sample"] / base_s - 1})
             print(f"round {i + 1}: same -> exit {same_code} ({same_line}); slower "
                   f"({rounds[-1]['slow_change']:+.1%}) -> exit {slow_code} ({slow_line})", flush=True)
     result = {"pairs": opts.pairs, "fail_slower": opts.fail_slower, "slower": opts.slower, "sleep_ms": sleep_ms,
               "same_passed": sum(r["same_exit"] == 0 for r in rounds),
-              "slow_failed": sum(r["slow_exit"] == 1 for r in rounds), "rounds": rounds, "hardware": hardware()}
-    print(f"{describe(result['hardware'])}: the same script passed {result['same_passed']} of {opts.pairs}; made "
-          f"{opts.slower:.0%} slower it failed {result['slow_failed']} of {opts.pairs} (--fail-slower "
+              "same_undecided": sum(not r["same_decided"] for r in rounds),
+              "slow_failed": sum(r["slow_exit"] == 1 for r in rounds),
+              "slow_undecided": sum(not r["slow_decided"] for r in rounds), "rounds": rounds, "hardware": hardware()}
+    print(f"{describe(result['hardware'])}: the same script passed {result['same_passed']} of {opts.pairs} "
+          f"({result['same_undecided']} of them undecided); made {opts.slower:.0%} slower it failed "
+          f"{result['slow_failed']} of {opts.pairs} ({result['slow_undecided']} undecided) (--fail-slower "
           f"{opts.fail_slower:g})")
     if opts.json:
         write_json(opts.json, result)
