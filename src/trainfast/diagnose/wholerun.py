@@ -242,6 +242,10 @@ def _relative_spread(values: list[float]) -> float:
 def _drift_reason(drifted: bool, change: float | None, threshold: float, part: str, growth: float) -> str:
     if change is None:
         return "no samples counted: no rate to compare"
+    if change > threshold:
+        return (f"the last quarter of the steady steps ran {change:.0%} faster than the first (beyond the noise, "
+                f"±{threshold:.0%}): no slowdown; a run that speeds up was slowed at its start (other processes, "
+                "a cache filling)")
     if not drifted:
         return (f"the last quarter of the steady steps ran at {change:+.1%} of the first quarter's rate, within "
                 f"the noise (±{threshold:.0%})")
