@@ -36,6 +36,23 @@ def batches_per_epoch(loader: Iterable[Any], limit: int | None) -> int:
     return n if limit is None else min(n, limit)
 
 
+def whole_epoch(loader: Iterable[Any], n_batches: int) -> bool:
+    """Is an epoch of `n_batches` all of `loader`'s batches (its len, not cut short by limit_batches)?"""
+    try:
+        return len(loader) == n_batches  # type: ignore[arg-type]
+    except TypeError:
+        return False
+
+
+def end_epoch(batches: Iterator[Any]) -> None:
+    """After an epoch's last batch, ask once more, as a `for` loop would: the loader learns the epoch is over. A
+    trainfast loader then hands its workers or threads, already making the next epoch's first batches, to the next
+    `iter()` (without this, persistent workers are reset and the next epoch waits for its first batch: measured on
+    the quick demo, 2 CPUs, 62-96 ms at each epoch's start against 6-20 ms); a DataLoader's non-persistent workers
+    stop."""
+    next(batches, None)
+
+
 def position(loader: Iterable[Any], epoch: int, batch: int) -> Iterable[Any]:
     """Point the loader at (epoch, batch): exact and free for trainfast loaders, by reading ahead otherwise."""
     set_epoch = getattr(loader, "set_epoch", None) or getattr(getattr(loader, "sampler", None), "set_epoch", None)

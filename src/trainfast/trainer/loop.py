@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from trainfast.device import resolve_device, synchronize
+from trainfast.dynamo import dynamo_counts
 from trainfast.loader.seeding import seed_all
 from trainfast.monitor import Monitor
 from trainfast.precision.policy import PrecisionPolicy, ScaleWatch
@@ -35,13 +36,16 @@ from trainfast.trainer.feeding import (
     check_sharding,
     closing,
     cpu_threads_beside,
+    end_epoch,
     position,
     prefetch,
     warn_before_training,
+    whole_epoch,
 )
 from trainfast.trainer.loss_window import LossWindow, NonFiniteLossError
 from trainfast.trainer.mfu import MfuMeter, weight_dtype
 from trainfast.trainer.out_of_memory import TrainingOutOfMemoryError, explained_oom
+from trainfast.trainer.phases import RunPhases, compile_excess
 from trainfast.trainer.practices import Practices
 from trainfast.trainer.progress import RATE_WINDOW, ProgressReporter
 from trainfast.trainer.ranks import Ranks
@@ -94,7 +98,7 @@ class Trainer:
                                    prepared.channels_last, requested_precision=cfg.precision,
                                    requested_channels_last=cfg.channels_last, requested_compile=cfg.compile)
         # MFU's peak is the settled precision's; taken in the loop, its time is left out of the step it falls in
-        self.practices.on_settled = lambda: self.clock.leave_out(self._take_peak())
+        self.practices.on_settled = self._peak_in_loop
         self.loss_fn = loss_fn or pair_loss
         self.batch_loss = renamed_step_fn(batch_loss, step_fn)
         self._loss_of: LossOf = self.batch_loss or (default_batch_loss if loss_fn is None else self._with_loss_fn)
@@ -110,6 +114,9 @@ class Trainer:
         self.mfu = MfuMeter()
         self.ranks = Ranks()
         self.tensorboard: ScalarWriter | None = None  # open during fit with TrainConfig(tensorboard=...), rank 0
+        self.phases = RunPhases()  # fit's own whole-run account, made afresh by each fit
+        self._compiling: list[int] = []  # steps (StepClock indexes) during which torch.compile compiled frames
+        self._steps_before = 0  # steps in the clock when this fit began (a second fit of the Trainer appends)
         log.info("precision: %s (%s); device: %s", self.precision.name, self.precision.reason, self.device)
 
     @property
@@ -129,7 +136,11 @@ class Trainer:
     def fit(self, train_loader: Iterable[Any], val_loader: Iterable[Any] | None = None, *,
             resume: bool | str | Path = False, trust_checkpoint: bool = False) -> FitResult:
         """Train for `config.epochs`. `resume=True` continues from the newest good checkpoint in `checkpoint_dir`
-        (or a path); `trust_checkpoint=True` lets it unpickle arbitrary objects — only for files you made."""
+        (or a path); `trust_checkpoint=True` lets it unpickle arbitrary objects — only for files you made.
+
+        The result's `whole_run` accounts for fit's wall time in phases (`trainer/phases.py`)."""
+        self.phases, self._compiling = RunPhases(), []  # fit's wall time starts here
+        self._steps_before = len(self.clock.step_s)
         cfg = self.config
         per_epoch = batches_per_epoch(train_loader, cfg.limit_batches)
         total_steps = cfg.epochs * math.ceil(per_epoch / cfg.accumulate)
@@ -139,7 +150,6 @@ class Trainer:
         if resume:
             self.state.restore(resume, trust_checkpoint)
         self.state.blocked_s, self.state.write_s = [], []  # this fit's saves
-        started = time.perf_counter()
         with ExitStack() as stack:  # each part undoes itself however fit ends
             bar, stop, monitor = self._set_up(stack, train_loader, val_loader, total_steps)
             emit(self.callbacks, "on_fit_start", self)
@@ -150,7 +160,7 @@ class Trainer:
                     self._stop_for_signal()
                 self._end_epoch(self.practices.model, val_loader)
             self.practices.finish()
-        result = self._result(time.perf_counter() - started)
+        result = self._result()
         if monitor is not None:
             result = replace(result, monitor={name: s.to_json() for name, s in monitor.summary().items()})
         emit(self.callbacks, "on_fit_end", self, result)
@@ -204,18 +214,27 @@ class Trainer:
         acc = cfg.accumulate
         model, autocast = practices.current()  # autocast is reusable across steps (not re-entrant, not needed)
         model.train()
+        since = self.phases.epoch_begins()  # the first epoch's iter() ends fit's start-up
         batches = iter(self._prefetch(position(loader, self.epoch, self.batch)))
         # FLOPs are counted on a step StepClock leaves out of every rate (a warm-up step: the dispatch mode slows it);
         # A/Bs still running don't change it (the same matmuls at any precision or layout; compile's A/B starts eager)
         count_flops = self.mfu.wants_count and len(clock.step_s) < clock.warmup_steps
         alone = self.ranks.alone
+        train_from: float | None = None  # the epoch's first batch: its start ends, its steps begin
+        ended = False  # the loop took all of the loader's batches: the loader is then told the epoch is over
         clock.resume()
         for b in range(self.batch, n_batches):
             asked = time.perf_counter()
             batch = next(batches, None)
             if batch is None:
                 break
-            clock.waited(asked, time.perf_counter())
+            got = time.perf_counter()
+            clock.waited(asked, got)
+            if train_from is None:
+                train_from = self.phases.add("epoch_start", since, got)
+            # the first steps and the A/Bs' (where torch.compile may compile): frames compiled during the step
+            frames = dynamo_counts()["frames"] if practices.measuring or len(clock.step_s) < clock.warmup_steps \
+                else None
             boundary = (b + 1) % acc == 0 or b + 1 == n_batches
             if practices.measuring:  # an A/B's step: its setting, timed
                 batch = practices.begin(batch, loss_of, cycle_start=b % acc == 0)
@@ -236,6 +255,8 @@ class Trainer:
             if clock.warming_up_last():
                 synchronize(self.device)  # the measured steps' clock starts with no warm-up work queued
             now = clock.step_done(batch_samples(batch))
+            if frames is not None and dynamo_counts()["frames"] > frames:
+                self._compiling.append(len(clock.step_s) - 1)
             if boundary:
                 if self.step % cfg.log_every == 0:
                     self._log_point()
@@ -245,7 +266,22 @@ class Trainer:
                         else self.ranks.stop_agreed(stop, self.step, self.step % cfg.log_every == 0, self.device)):
                     stop.agreed = True
                     break
+        else:
+            ended = whole_epoch(loader, n_batches)
+        if train_from is None:  # no batch this epoch
+            train_from = self.phases.add("epoch_start", since)
         self._show(bar, time.perf_counter())
+        synchronize(self.device)  # once an epoch: the steps' queued device work is training's time
+        self.phases.add("train", train_from)
+        if ended:  # the loader's own end of the epoch: its next epoch's first batches are being made already
+            end_epoch(batches)
+
+    def _peak_in_loop(self) -> None:
+        """The A/Bs have settled, inside a step: MFU's peak is measured now, its time left out of the step and of
+        training (it is `other`)."""
+        seconds = self._take_peak()
+        self.clock.leave_out(seconds)
+        self.phases.aside(seconds)
 
     def _take_peak(self) -> float:
         dtype = self.precision.autocast_dtype or weight_dtype(self.model)
@@ -259,7 +295,9 @@ class Trainer:
     def _log_point(self) -> None:
         """Every `log_every` steps: read the loss from the device (a sync) and hand metrics to callbacks."""
         window = self.clock.summary(last=self.config.log_every)
-        metrics = {"step": self.step, "epoch": self.epoch, "loss": self._read_window(),
+        loss = self._read_window()  # its sync waits for the steps' own device work: training's time
+        since = time.perf_counter()  # the rest is host work for the log point: `other`
+        metrics = {"step": self.step, "epoch": self.epoch, "loss": loss,
                    "lr": self.optimizer.param_groups[0]["lr"], "samples_per_s": window.samples_per_s,
                    "data_wait_fraction": window.data_wait_fraction}
         if self.scaler.enabled:  # reading the scale syncs: log points only
@@ -275,15 +313,18 @@ class Trainer:
                 "train/data_wait_fraction": window.data_wait_fraction,
                 "train/mfu": use.mfu if use is not None else None, "train/loss_scale": metrics.get("loss_scale")})
         emit(self.callbacks, "on_log", self, metrics)
+        self.phases.aside(time.perf_counter() - since)
 
     def _show(self, bar: ProgressReporter, now: float) -> None:
         if bar.wants_loss and not dist_initialized():  # reading is collective under DDP: log points only
             self._read_window()
+        since = time.perf_counter()  # after the read (training's time): the progress line is `other`
         bar.loss, bar.loss_scale = self.last_loss, self.last_loss_scale
         window = self.clock.summary(last=RATE_WINDOW)
         use = self.mfu.at(window.samples_per_s)  # this device's share of the rate, against its own peak
         bar.show(now, step=self.step, epoch=self.epoch, samples_per_s=window.samples_per_s * self.dist.world_size,
                  wait_fraction=window.data_wait_fraction, mfu=use.mfu if use is not None else None)
+        self.phases.aside(time.perf_counter() - since)
 
     def _read_window(self) -> float | None:
         last = f"{self.config.checkpoint_dir}/last.pt" if self.config.checkpoint_dir else "none written"
@@ -304,7 +345,9 @@ class Trainer:
         train_loss = self.losses.epoch_mean()
         metrics: dict[str, float] = {"train_loss": train_loss} if train_loss is not None else {}
         if val_loader is not None:
+            since = time.perf_counter()
             metrics |= self.validate(model, val_loader)
+            self.phases.add("evaluation", since)
             emit(self.callbacks, "on_validation_end", self, metrics)
         self.last_metrics = metrics
         self.epoch, self.batch = self.epoch + 1, 0
@@ -323,8 +366,9 @@ class Trainer:
             # thread while the next epoch trains. The write is joined at the next save or at the end of fit.
             folder = Path(self.config.checkpoint_dir)
             self.state.save_in_background(folder / "last.pt", folder / "best.pt" if improved else None)
+            self.phases.seconds["checkpoint"] += self.state.blocked_s[-1]  # training blocked by the save
             if self.epoch >= self.config.epochs:  # the last epoch: nothing left to train beside the write
-                self.state.join()
+                self.state.join()  # (`other`: the wait at the end for the last write)
         emit(self.callbacks, "on_epoch_end", self, self.epoch - 1, metrics)
         self.clock.resume()
 
@@ -352,7 +396,12 @@ class Trainer:
             log.warning("stopped at step %d; no checkpoint_dir, nothing saved", self.step)
         raise SystemExit(EXIT_CODE)
 
-    def _result(self, wall_s: float) -> FitResult:
+    def _result(self) -> FitResult:
+        first = self._steps_before  # this fit's steps in the clock (a second fit of the same Trainer appends)
+        compile_s = compile_excess(self.clock.step_s[first:], self.clock.wait_s[first:],
+                                   [i - first for i in self._compiling], warmup=self.clock.warmup_steps)
+        whole_run = self.phases.report(compile_s=compile_s)
+        wall_s = whole_run["wall_s"]
         summary = self.clock.summary()
         metrics = self.last_metrics
         use = self.mfu.at(summary.samples_per_s)
@@ -368,7 +417,8 @@ class Trainer:
             loss_scale=self.scaler.loss_scale if self.scaler.enabled else None, **self.practices.to_json(),
             mfu=use.mfu if use is not None else None, mfu_reason=self.mfu.why_none(use), flops_per_step=self.mfu.flops,
             peak_flops_per_s=peak.flops_per_s if peak else None, peak_source=peak.source if peak else None,
-            checkpoint_blocked_s=list(self.state.blocked_s), checkpoint_write_s=list(self.state.write_s))
+            checkpoint_blocked_s=list(self.state.blocked_s), checkpoint_write_s=list(self.state.write_s),
+            whole_run=whole_run)
 
     def _prefetch(self, loader: Iterable[Any]) -> Iterable[Any]:
         return prefetch(loader, self.device, lambda: self.practices.channels_last)

@@ -3,6 +3,7 @@ device's peak at the settled precision, taken once per fit."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import time
@@ -12,9 +13,14 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from trainfast.flops import FlopCounter, Peak, Utilisation, peak_flops, utilisation
+from trainfast.flops import FlopCounter, Peak, Utilisation, measured_peak, peak_flops, precision_of, utilisation
 
 log = logging.getLogger("trainfast")
+# The time fit gives a measured peak (a CPU, MPS), against `measured_peak`'s default 1 s: the best of 15-35 matmuls came
+# within 1 % of the best of 50 (AMD EPYC, 1024x1024: bf16 at 1 thread 0.210-0.213 against 0.209-0.213 TFLOP/s over 4
+# tries each; bf16 and fp32 at 2 threads alike), and the rest of that second was 5-7 % of a 3-epoch run of the quick
+# demo (`other` in fit's whole-run report).
+PEAK_BUDGET_S = 0.2
 
 
 class MfuMeter:
@@ -43,10 +49,11 @@ class MfuMeter:
 
     def take_peak(self, device: torch.device, dtype: torch.dtype, say: bool) -> float:
         """The device's peak FLOP/s at the run's matmul precision and thread count, when FLOPs are counted; the
-        seconds it took. A measured peak (CPU, unlisted GPU) costs ~1 s, once per process for each setting."""
+        seconds it took. A measured peak costs ~0.2 s on a CPU (~1 s on an unlisted GPU), once per process for each
+        setting."""
         started = time.perf_counter()
         if self.reason is None:
-            self.peak = peak_flops(device, dtype, threads=torch.get_num_threads())
+            self.peak = device_peak(device, dtype, threads=torch.get_num_threads())
             if say:
                 log.info("peak %.3g TFLOP/s for MFU (%s)", self.peak.flops_per_s / 1e12, self.peak.source)
         return time.perf_counter() - started
@@ -64,6 +71,19 @@ class MfuMeter:
         return self.reason or ("no training step was counted" if self.flops is None
                                else "the run ended before its A/Bs settled the precision" if self.peak is None
                                else "no training step was timed")
+
+
+def device_peak(device: torch.device, dtype: torch.dtype, *, threads: int) -> Peak:
+    """`peak_flops` on CUDA (a known GPU's datasheet figure, else measured); elsewhere measured within
+    `PEAK_BUDGET_S`, once per process for each device, dtype, thread count and precision."""
+    if device.type == "cuda":
+        return peak_flops(device, dtype, threads=threads)
+    return _measured_briefly(device, dtype, threads, precision_of(device, dtype))
+
+
+@functools.lru_cache(maxsize=16)
+def _measured_briefly(device: torch.device, dtype: torch.dtype, threads: int, precision: str) -> Peak:
+    return measured_peak(device, dtype, threads=threads, budget_s=PEAK_BUDGET_S)
 
 
 def weight_dtype(model: nn.Module) -> torch.dtype:

@@ -35,6 +35,9 @@ class FitResult:
     # previous write still in flight), and seconds its write (last.pt, then best.pt) took in the background (rank 0)
     checkpoint_blocked_s: list[float] = field(default_factory=list)
     checkpoint_write_s: list[float] = field(default_factory=list)
+    # fit's wall time in the doctor's whole-run phases (trainer/phases.py): wall_s, goodput (train's share) and
+    # phases ({phase, seconds, share}: startup, compile, train, evaluation, checkpoint, epoch_start, other)
+    whole_run: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {"epochs": self.epochs, "steps": self.steps, "samples_per_s": self.samples_per_s,
@@ -45,5 +48,5 @@ class FitResult:
                "compile": self.compile, "mfu": self.mfu, "mfu_reason": self.mfu_reason,
                "flops_per_step": self.flops_per_step, "peak_flops_per_s": self.peak_flops_per_s,
                "peak_source": self.peak_source, "checkpoint_blocked_s": self.checkpoint_blocked_s,
-               "checkpoint_write_s": self.checkpoint_write_s}
+               "checkpoint_write_s": self.checkpoint_write_s, "whole_run": self.whole_run}
         return out | ({"monitor": self.monitor} if self.monitor is not None else {})

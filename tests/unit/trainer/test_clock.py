@@ -117,7 +117,8 @@ def test_empty_clock(fake_time: FakeTime) -> None:
 
 
 def test_the_trainer_syncs_the_device_once_as_warm_up_ends(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On CUDA queued warm-up kernels would run on the first measured step's clock: one sync ends the warm-up."""
+    """On CUDA queued warm-up kernels would run on the first measured step's clock: one sync ends the warm-up. The
+    only other is at each epoch's end, where the whole-run report closes the epoch's training time."""
     import torch
     from torch import nn
 
@@ -129,4 +130,5 @@ def test_the_trainer_syncs_the_device_once_as_warm_up_ends(monkeypatch: pytest.M
     monkeypatch.setattr(loop, "synchronize", lambda device: synced_with.append(len(trainer.clock.step_s)))
     x, y = torch.randn(64, 4), torch.randint(0, 2, (64,))
     trainer.fit(make_loader((x, y), 8, device="cpu"))
-    assert synced_with == [WARMUP_STEPS - 1]  # before the last warm-up step's end is read, and only then
+    # before the last warm-up step's end is read, and after the epoch's last step (8 batches of 8)
+    assert synced_with == [WARMUP_STEPS - 1, 8]

@@ -83,7 +83,7 @@ def test_the_peak_is_taken_once_per_fit_and_left_out_of_the_step_times(monkeypat
         time.sleep(0.4)
         return Peak(1e12, precision_of(device, dtype), "measured: fake")
 
-    monkeypatch.setattr(mfu, "peak_flops", slow_peak)
+    monkeypatch.setattr(mfu, "device_peak", slow_peak)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Flatten(), nn.Linear(4 * 6 * 6, 4))
     trainer = Trainer(model, config=config(epochs=1, channels_last="auto"))
@@ -101,14 +101,14 @@ def test_an_ab_decided_before_its_step_still_takes_the_peak(monkeypatch: pytest.
         raise RuntimeError("inductor: no working C++ compiler found")
 
     monkeypatch.setattr(torch, "compile", fail)
-    monkeypatch.setattr(mfu, "peak_flops", lambda device, dtype, threads: Peak(1e12, "fp32", "fake"))
+    monkeypatch.setattr(mfu, "device_peak", lambda device, dtype, threads: Peak(1e12, "fp32", "fake"))
     result = Trainer(mlp(), config=config(compile="auto")).fit(data(6))  # 12 steps: the compile A/B runs
     assert result.compile is not None and "compilation failed" in result.compile["reason"]
     assert result.peak_source == "fake" and result.mfu is not None
 
 
 def test_an_mfu_over_one_is_reported_as_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(mfu, "peak_flops", lambda *a, **k: Peak(1.0, "fp32", "table: NVIDIA Nothing, dense fp32"))
+    monkeypatch.setattr(mfu, "device_peak", lambda *a, **k: Peak(1.0, "fp32", "table: NVIDIA Nothing, dense fp32"))
     result = Trainer(mlp(), config=config()).fit(data(6))
     assert result.mfu is None
     assert result.mfu_reason is not None and "the table is wrong for this device" in result.mfu_reason
@@ -120,7 +120,7 @@ def test_a_compiled_model_is_not_counted(monkeypatch: pytest.MonkeyPatch, trainf
                                          how: str) -> None:
     """A dispatch mode would make torch.compile recompile; the eager backend keeps the test to dynamo's tracing."""
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
-    monkeypatch.setattr(mfu, "peak_flops", lambda *a, **k: pytest.fail("took a peak for a model of unknown FLOPs"))
+    monkeypatch.setattr(mfu, "device_peak", lambda *a, **k: pytest.fail("took a peak for a model of unknown FLOPs"))
     try:
         if how == "compile=True":  # 6 steps: too short a run for the compile A/B, so compiled from the first step
             trainer = Trainer(mlp(), config=config(compile=True))
