@@ -206,7 +206,7 @@ class Trainer:
         batch_size = getattr(train_loader, "batch_size", None) or "unknown"
         stack.enter_context(explained_oom(  # innermost: the allocator as it failed
             self.device, lambda: f"epoch {self.epoch + 1}, step {self.step} (batch size {batch_size})",
-            cfg.checkpoint_dir))
+            cfg.checkpoint_dir, settle=self.state.wait_here))
         return bar, stop, monitor
 
     def _train_epoch(self, loader: Iterable[Any], n_batches: int, bar: ProgressReporter, stop: StopSignal) -> None:

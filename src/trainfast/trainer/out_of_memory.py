@@ -18,15 +18,18 @@ class TrainingOutOfMemoryError(torch.OutOfMemoryError):
 
 
 @contextmanager
-def explained_oom(device: torch.device, where: Callable[[], str], checkpoint_dir: str | None) -> Iterator[None]:
+def explained_oom(device: torch.device, where: Callable[[], str], checkpoint_dir: str | None,
+                  settle: Callable[[], None] = lambda: None) -> Iterator[None]:
     """An out-of-memory error in the block becomes a `TrainingOutOfMemoryError` (`where()`: the position, read as it
-    failed); any other error passes as it is."""
+    failed); any other error passes as it is. `settle()` waits for a checkpoint write still in flight, so that the
+    message names the checkpoint it leaves."""
     try:
         yield
     except Exception as e:
         if not is_oom(e):
             raise
         memory = memory_at_oom(device)
+        settle()
         ckpt = Path(checkpoint_dir) / "last.pt" if checkpoint_dir else None
         kept = (f"{str(ckpt)!r} is untouched: resume from it (resume=True / --resume)" if ckpt and ckpt.is_file()
                 else "no checkpoint was written yet")

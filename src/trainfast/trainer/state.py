@@ -163,6 +163,12 @@ class TrainerState:
                 raise CheckpointWriteError(message)
             raise RuntimeError(f"rank 0 could not write the checkpoint: {message}")
 
+    def wait_here(self) -> None:
+        """This rank's write in flight, if any, is finished (not collective: for a fault unwinding on this rank, which
+        then names the checkpoint on disk; its outcome is still handed to every rank by `join`)."""
+        if self.pending is not None:
+            self.pending.wait()
+
     def _wait(self) -> BaseException | None:
         """Rank 0: wait for the write in flight; `on_checkpoint` for what it wrote, or its error."""
         pending, self.pending = self.pending, None
