@@ -68,7 +68,8 @@ class EvalPass:
 
 @dataclass
 class Ledger:
-    """The whole run's records (module doc). `closed_steps` is read from the timeline: a pass ends at a step."""
+    """The whole run's records (module doc). `steps_closed()` reads the timeline's count of closed steps: an
+    evaluation pass ends where a training step closes."""
 
     process_start: float  # perf_counter time of the process start
     steps_closed: Callable[[], int] = lambda: 0
@@ -156,31 +157,33 @@ class Ledger:
         undoes every patch on exit)."""
         main = threading.main_thread().ident
 
-        def timed(original: Callable[..., Any], category: str) -> Callable[..., Any]:
-            def call(*args: Any, **kwargs: Any) -> Any:
-                if self._busy or threading.get_ident() != main:
-                    return original(*args, **kwargs)
-                self._busy = True
-                started = perf_counter()
-                try:
-                    return original(*args, **kwargs)
-                finally:
-                    self.intervals.append((category, started, perf_counter()))
-                    self._busy = False
-            return call
+        def interval(category: str) -> Callable[..., None]:
+            def record(started: float, ended: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+                self.intervals.append((category, started, ended))
+            return record
 
-        patch(builtins, "print", timed(builtins.print, LOGGING))
-        patch(logging.Logger, "callHandlers", timed(logging.Logger.callHandlers, LOGGING))
-        patch(time, "sleep", timed(time.sleep, SLEEP))
-        patch(torch, "save", self._timed_write(torch.save, "torch.save", main, file_arg=1))
+        def write(api: str, file_arg: int | None) -> Callable[..., None]:
+            def record(started: float, ended: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+                target = args[file_arg] if file_arg is not None and len(args) > file_arg else \
+                    kwargs.get("f", kwargs.get("filename", kwargs.get("checkpoint_id")))
+                self.wrote(Write(api, started, ended, _bytes_of(target, args, kwargs),
+                                 background=threading.get_ident() != main))
+            return record
+
+        patch(builtins, "print", self._timed(builtins.print, main, interval(LOGGING)))
+        patch(logging.Logger, "callHandlers", self._timed(logging.Logger.callHandlers, main, interval(LOGGING)))
+        patch(time, "sleep", self._timed(time.sleep, main, interval(SLEEP)))
+        patch(torch, "save", self._timed(torch.save, main, write("torch.save", 1), every_thread=True))
 
         def safetensors(module: Any) -> None:
-            patch(module, "save_file", self._timed_write(module.save_file, "safetensors", main, file_arg=1))
-            patch(module, "save_model", self._timed_write(module.save_model, "safetensors", main, file_arg=1))
+            for name in ("save_file", "save_model"):
+                patch(module, name, self._timed(getattr(module, name), main, write("safetensors", 1),
+                                                every_thread=True))
 
         def dcp(module: Any) -> None:
-            patch(module, "save", self._timed_write(module.save, "dcp.save", main, file_arg=None))
-            patch(module, "async_save", self._timed_write(module.async_save, "dcp.async_save", main, file_arg=None))
+            for name in ("save", "async_save"):
+                patch(module, name, self._timed(getattr(module, name), main, write(f"dcp.{name}", None),
+                                                every_thread=True))
         # when the script imports them: importing torch.distributed.checkpoint ahead would cost ~0.9 s
         for name, then in (("safetensors.torch", safetensors), ("torch.distributed.checkpoint", dcp)):
             if name in sys.modules:
@@ -197,23 +200,25 @@ class Ledger:
                 sys.meta_path.remove(finder)
         self._finders.clear()
 
-    def _timed_write(self, original: Callable[..., Any], api: str, main: int | None,
-                     file_arg: int | None) -> Callable[..., Any]:
-        def write(*args: Any, **kwargs: Any) -> Any:
-            if self._busy:
+    def _timed(self, original: Callable[..., Any], main: int | None, record: Callable[..., None], *,
+               every_thread: bool = False) -> Callable[..., Any]:
+        """`original`, timed and passed to `record(started, ended, args, kwargs)`: on the main thread, unless
+        inside another timed call there (a save's own prints are the save's); on other threads too with
+        `every_thread` (a background checkpoint write)."""
+        def call(*args: Any, **kwargs: Any) -> Any:
+            on_main = threading.get_ident() == main
+            if (on_main and self._busy) or not (on_main or every_thread):
                 return original(*args, **kwargs)
-            self._busy = True
+            if on_main:
+                self._busy = True
             started = perf_counter()
             try:
                 return original(*args, **kwargs)
             finally:
-                ended = perf_counter()
-                self._busy = False
-                target = args[file_arg] if file_arg is not None and len(args) > file_arg else \
-                    kwargs.get("f", kwargs.get("filename", kwargs.get("checkpoint_id")))
-                self.wrote(Write(api, started, ended, _bytes_of(target, args, kwargs),
-                                 background=threading.get_ident() != main))
-        return write
+                if on_main:
+                    self._busy = False
+                record(started, perf_counter(), args, kwargs)
+        return call
 
     def wrote(self, write: Write) -> None:
         if not write.background:

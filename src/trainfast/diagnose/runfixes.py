@@ -24,7 +24,7 @@ import torch
 
 from trainfast.diagnose.evidence import LoaderStats
 from trainfast.diagnose.ledger import Ledger, module_device_type
-from trainfast.diagnose.probe import MARGIN, Trial
+from trainfast.diagnose.probe import Trial
 from trainfast.diagnose.recommend import MIN_GAIN, Recommendation
 from trainfast.diagnose.wholerun import account
 from trainfast.dynamo import dynamo_counts
@@ -228,4 +228,4 @@ def _note(fix_id: str, why: str) -> Recommendation:
                           "saves depends on the script")
 
 
-__all__ = ["MARGIN", "amdahl", "copy_bandwidth", "eval_trial", "whole_run_fixes"]
+__all__ = ["WholeRun", "amdahl", "copy_bandwidth", "eval_trial", "whole_run_entry", "whole_run_fixes"]
