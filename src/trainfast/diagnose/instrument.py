@@ -476,7 +476,7 @@ class Instrumentation:
                     finally:
                         self.ledger.eval_forward_end(perf_counter())  # type: ignore[union-attr]
             elif entries and id(module) in entries and not self._in_entry:
-                on_forward(module, args, kwargs)
+                on_forward(module, args, kwargs, root=False)
                 self._in_entry = True  # its submodules' calls are inside this forward
                 try:
                     return original(module, *args, **kwargs)
@@ -487,15 +487,17 @@ class Instrumentation:
         self._patch(cls, "__call__", call)
         return True
 
-    def _on_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        """A root's forward begins: True when a whole run's ledger times it as evaluation."""
+    def _on_forward(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool = True) -> bool:
+        """A root's forward begins (or a submodule's standing for it: `root` False): True when a whole run's ledger
+        times it as evaluation."""
         if self.fetching or self.paused:  # a module inside the dataset (a transform), not the model
             return False
         timeline = self.timeline
         if not torch.is_grad_enabled():  # an evaluation pass, or a collection phase (timeline.py)
             now = perf_counter()
             timeline.evaluation_forward(now, module.training)
-            return self.ledger is not None and self.ledger.eval_forward(now, module, args, kwargs, module.training)
+            return self.ledger is not None and self.ledger.eval_forward(now, module, args, kwargs, module.training,
+                                                                        keep_call=root)
         if id(module) not in self.last_calls:  # (a lookup, not a store, per forward: ~0.1 us less per step)
             self.last_calls[id(module)] = (module, (args, kwargs))
         if not self.device_timer.settled:

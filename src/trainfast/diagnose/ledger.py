@@ -124,8 +124,9 @@ class Ledger:
         current.end = max(current.end, got)
 
     def eval_forward(self, now: float, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                     training: bool) -> bool:
-        """A no-grad forward begins: True when it is evaluation (the caller then times its end)."""
+                     training: bool, keep_call: bool = True) -> bool:
+        """A no-grad forward begins: True when it is evaluation (the caller then times its end). `keep_call`: the
+        first one is kept for the evaluation trial (a model's, not a submodule's standing for it)."""
         current = self.passes[-1] if self.passes else None
         if training and (current is None or current.step != self.steps_closed()):
             return False  # a collection phase (module doc)
@@ -133,7 +134,7 @@ class Ledger:
         current.forwards += 1
         if torch.is_autocast_enabled(module_device_type(module)):
             current.autocast_forwards += 1
-        if self.eval_call is None:
+        if self.eval_call is None and keep_call:
             self.eval_call = (module, args, kwargs)
         return True
 

@@ -23,9 +23,20 @@ from trainfast.diagnose.wholerun import account
 
 
 @pytest.mark.slow
+class Classifier(nn.Module):
+    """A model class of this test's own: no other test's instrumentation has watched its calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden, self.out = nn.Linear(8, 16), nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.hidden(x)))
+
+
 def test_a_loop_with_evaluation_saves_prints_and_sleeps_is_recorded(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    model = Classifier()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     train = DataLoader(TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,))), batch_size=8)
     val = DataLoader(TensorDataset(torch.randn(32, 8), torch.randint(0, 2, (32,))), batch_size=8)
