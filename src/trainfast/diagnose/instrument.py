@@ -45,7 +45,7 @@ from trainfast.diagnose.evidence import LoaderStats
 from trainfast.diagnose.ledger import Ledger
 from trainfast.diagnose.loaders import batch_info, describe_loader
 from trainfast.diagnose.models import batch_axis, root_modules
-from trainfast.diagnose.timeline import Timeline, _Step
+from trainfast.diagnose.timeline import Timeline, _earliest, _Step
 from trainfast.dynamo import dynamo_counts
 from trainfast.flops import FlopCounter
 from trainfast.loader.memory import TensorLoader
@@ -351,9 +351,8 @@ class Instrumentation:
         ledger = self.ledger
         if ledger is not None:
             ledger.loader_fed = timeline.loader_fed
-            first_input = step.first_ask if step.first_ask is not None else (
-                step.first_forward if step.first_no_grad is None or step.first_forward is None
-                else min(step.first_forward, step.first_no_grad))
+            first_input = step.first_ask if step.first_ask is not None else _earliest(step.first_forward,
+                                                                                      step.first_no_grad)
             ledger.step(step.start, step.end, step.wait, step.transfer, first_input,
                         step.samples or step.forward_samples, step.opening)
         if not observed.dynamo_at_warmup and timeline.measuring:

@@ -52,9 +52,9 @@ def account(ledger: Ledger, *, end: float, compiled: bool, warmup: int) -> dict[
         if stop > start:
             seconds[category] += (stop - start) - carved.within(start, stop)
     doctor_s = seconds[DOCTOR]
-    train = _train_split(ledger, carved, 0, n, seconds["train"])
-    compile_s = _compile_excess(ledger, carved, warmup) if compiled else 0.0
-    compile_s = min(compile_s, seconds["train"])
+    train = _train_split(ledger, carved, 0, n)  # its seconds are seconds["train"]: the steps span that region
+    compile_s = min(_compile_excess(ledger, carved, warmup), train["compute_s"]) if compiled else 0.0
+    train["compute_s"] -= compile_s  # compilation ran inside the first steps' compute
     train_s = seconds["train"] - compile_s
     logging_s, sleep_s = seconds[LOGGING], seconds[SLEEP]
     other_host_s = seconds["after"] + seconds[BETWEEN]
@@ -144,13 +144,19 @@ class _Carved:
         return max(0.0, self._until(b) - self._until(a)) if b > a else 0.0
 
 
-def _train_split(ledger: Ledger, carved: _Carved, lo: int, hi: int, train_s: float | None = None) -> dict[str, Any]:
+def _train_s(ledger: Ledger, carved: _Carved, lo: int, hi: int) -> float:
+    """The training seconds of steps lo..hi-1: their span less what was carved out of it."""
+    start, end = ledger.step_start[lo], ledger.step_end[hi - 1]
+    return (end - start) - carved.within(start, end)
+
+
+def _train_split(ledger: Ledger, carved: _Carved, lo: int, hi: int) -> dict[str, Any]:
     """The doctor's split of steps lo..hi-1: data wait (an epoch's first batch is epoch start), copies, host (the
     input gap with a loader; without one the gap is input preparation, data wait) and compute, the rest."""
     if hi <= lo:
-        return {"steps": 0, "data_wait_s": 0.0, "transfer_s": 0.0, "host_s": 0.0, "compute_s": 0.0}
+        return {"steps": 0, "seconds": 0.0, "data_wait_s": 0.0, "transfer_s": 0.0, "host_s": 0.0, "compute_s": 0.0}
     start, end = ledger.step_start[lo], ledger.step_end[hi - 1]
-    span_train = (end - start) - carved.within(start, end) if train_s is None else train_s
+    span_train = _train_s(ledger, carved, lo, hi)
     epoch_waits = sum(wait for _, got, wait in ledger.epoch_starts if start <= got <= end)
     wait = max(0.0, sum(ledger.step_wait[lo:hi]) - epoch_waits)
     transfer = sum(ledger.step_transfer[lo:hi])
@@ -162,12 +168,8 @@ def _train_split(ledger: Ledger, carved: _Carved, lo: int, hi: int, train_s: flo
     if not ledger.loader_fed:
         wait += gap
     compute = max(0.0, span_train - wait - transfer - host)
-    return {"steps": hi - lo, "data_wait_s": wait, "transfer_s": transfer, "host_s": host, "compute_s": compute}
-
-
-def _step_train_s(ledger: Ledger, carved: _Carved, i: int) -> float:
-    start, end = ledger.step_start[i], ledger.step_end[i]
-    return (end - start) - carved.within(start, end)
+    return {"steps": hi - lo, "seconds": span_train, "data_wait_s": wait, "transfer_s": transfer, "host_s": host,
+            "compute_s": compute}
 
 
 def _compile_excess(ledger: Ledger, carved: _Carved, warmup: int) -> float:
@@ -176,8 +178,8 @@ def _compile_excess(ledger: Ledger, carved: _Carved, warmup: int) -> float:
     first = max(1, warmup)
     if n <= first:
         return 0.0
-    steady = statistics.median(_step_train_s(ledger, carved, i) for i in range(first, n))
-    return sum(max(0.0, _step_train_s(ledger, carved, i) - steady) for i in range(first))
+    steady = statistics.median(_train_s(ledger, carved, i, i + 1) for i in range(first, n))
+    return sum(max(0.0, _train_s(ledger, carved, i, i + 1) - steady) for i in range(first))
 
 
 def _throughput(ledger: Ledger, carved: _Carved, t0: float) -> list[dict[str, Any]]:
@@ -191,8 +193,7 @@ def _throughput(ledger: Ledger, carved: _Carved, t0: float) -> list[dict[str, An
         if hi <= lo:
             continue
         split = _train_split(ledger, carved, lo, hi)
-        start, end = ledger.step_start[lo], ledger.step_end[hi - 1]
-        train_s = (end - start) - carved.within(start, end)
+        start, end, train_s = ledger.step_start[lo], ledger.step_end[hi - 1], split["seconds"]
         samples = int(sum(ledger.step_samples[lo:hi]))
         steps = hi - lo
         out.append({"start_s": start - t0, "end_s": end - t0, "steps": steps, "samples": samples,
@@ -216,7 +217,7 @@ def drift(ledger: Ledger, carved: _Carved, warmup: int) -> dict[str, Any]:
     last = _train_split(ledger, carved, n - quarter, n)
     first_rate = _rate(ledger, carved, lo, lo + quarter)
     last_rate = _rate(ledger, carved, n - quarter, n)
-    spreads = [_relative_spread([_step_train_s(ledger, carved, i) for i in range(a, a + quarter)])
+    spreads = [_relative_spread([_train_s(ledger, carved, i, i + 1) for i in range(a, a + quarter)])
                for a in (lo, n - quarter)]
     noise = 1.25 * math.hypot(*spreads) / math.sqrt(quarter)
     threshold = max(MIN_DRIFT, 2 * noise)
@@ -262,8 +263,7 @@ def _drift_reason(drifted: bool, change: float | None, threshold: float, part: s
 def _rate(ledger: Ledger, carved: _Carved, lo: int, hi: int) -> float | None:
     if hi <= lo:
         return None
-    start, end = ledger.step_start[lo], ledger.step_end[hi - 1]
-    seconds = (end - start) - carved.within(start, end)
+    seconds = _train_s(ledger, carved, lo, hi)
     samples = sum(ledger.step_samples[lo:hi])
     return samples / seconds if seconds > 0 and samples else None
 

@@ -104,6 +104,9 @@ def test_compile_is_the_first_steps_excess_over_the_steady_step_only_when_torch_
     compiled = account(ledger, end=ledger.step_end[-1], compiled=True, warmup=5)
     eager = account(ledger, end=ledger.step_end[-1], compiled=False, warmup=5)
     assert phases(compiled)["compile"] == pytest.approx(3.0)
+    train = compiled["train"]  # the step's parts add up to the train phase, compilation taken out of compute
+    assert sum(train[p] for p in ("data_wait_s", "transfer_s", "host_s", "compute_s")) == pytest.approx(
+        phases(compiled)["train"])
     assert phases(eager)["compile"] == 0 and phases(eager)["train"] == pytest.approx(phases(compiled)["train"] + 3)
 
 
