@@ -61,6 +61,13 @@ class Trial:
     value: Any = None  # the setting itself (a dtype name, a thread count)
     applies: bool = True  # False: the fix cannot apply to this run (autocast on float64): it is not offered
 
+    @classmethod
+    def of_rounds(cls, id: str, setting: str, ratios: list[float], bases: list[float], value: Any) -> Trial:
+        """A candidate measured: `ratios` the rounds' base / candidate times, `bases` the base's times."""
+        return cls(id, setting, factor=statistics.median(ratios), low=min(ratios), high=max(ratios),
+                   rounds=len(ratios), faster_rounds=sum(r > 1 for r in ratios), base_s=statistics.median(bases),
+                   value=value)
+
     @property
     def measured(self) -> bool:
         return self.factor is not None
@@ -298,6 +305,4 @@ def _trial(candidate: Candidate, base: _Replay, base_s: float, budget_s: float) 
         b = base()
         ratios.append(b / cand())
         bases.append(b)
-    return Trial(candidate.id, candidate.setting, factor=statistics.median(ratios), low=min(ratios), high=max(ratios),
-                 rounds=rounds, faster_rounds=sum(r > 1 for r in ratios), base_s=statistics.median(bases),
-                 value=candidate.value)
+    return Trial.of_rounds(candidate.id, candidate.setting, ratios, bases, candidate.value)

@@ -15,7 +15,6 @@ A step fix's gain (on the step) becomes 1 / (1 - t + t / g) on the run, t the tr
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -120,9 +119,7 @@ def eval_trial(ledger: Ledger, autocast: tuple[tuple[str, str], ...]) -> Trial |
     finally:
         module.train(was_training)
         ledger.eval_call = None  # the model and its batch go with the script
-    return Trial("eval_autocast", setting, factor=statistics.median(ratios), low=min(ratios), high=max(ratios),
-                 rounds=rounds, faster_rounds=sum(r > 1 for r in ratios), base_s=statistics.median(bases),
-                 value=(device, name))
+    return Trial.of_rounds("eval_autocast", setting, ratios, bases, (device, name))
 
 
 def copy_bandwidth() -> float:
