@@ -12,6 +12,7 @@ import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from trainfast.diagnose.attempts import lost_progress_line
 from trainfast.diagnose.svg import escape, line_chart_svg, stacked_bars_svg
 from trainfast.units import MIB, format_bytes
 
@@ -535,6 +536,8 @@ def _whole_run(report: dict[str, Any]) -> str:
         lines.append(f"checkpoint: {_value(checkpoint.get('count'))} write(s), {_bytes(checkpoint.get('bytes'))} in "
                      f"{_fmt(checkpoint.get('seconds'), ',.2f', ' s')}; training blocked "
                      f"{_fmt(checkpoint.get('blocking_s'), ',.2f', ' s')}")
+    if whole.get("lost_progress"):
+        lines.append(f"<b>lost progress</b>: {escape(lost_progress_line(_dict(whole.get('lost_progress'))))}")
     return (head + f'<div class="split">{bar}</div>{legend}{chart}'
             + "".join(f"<p>{line}</p>" for line in lines))
 

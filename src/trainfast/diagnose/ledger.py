@@ -89,6 +89,10 @@ class Ledger:
     loader_fed: bool = False
     doctor_parts: dict[str, float] = field(default_factory=dict)  # the doctor's own seconds, by what it did
     eval_call: tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any]] | None = None  # a pass's first forward
+    last_write: Write | None = None
+    # attempts.py's record of the run on torchrun's store: `on_beat(now)` at the first step closed from `beat_due`
+    on_beat: Callable[[float], None] | None = None
+    beat_due: float = float("inf")
     _finders: list[_OnImport] = field(default_factory=list)
     _busy: bool = False  # inside a hooked call: a save's own prints, a print's logging, are that call's
 
@@ -107,6 +111,8 @@ class Ledger:
         self.step_transfer.append(transfer)
         self.step_gap.append(max(0.0, (first_input if first_input is not None else start) - start))
         self.step_samples.append(samples)
+        if end >= self.beat_due and self.on_beat is not None:
+            self.on_beat(end)
 
     # ---- evaluation
     def _pass(self, now: float) -> EvalPass:
@@ -222,6 +228,9 @@ class Ledger:
         return call
 
     def wrote(self, write: Write) -> None:
+        self.last_write = write
+        if self.on_beat is not None:
+            self.beat_due = 0.0  # the checkpoint's step goes on the store at the next step boundary
         if not write.background:
             self.intervals.append((CHECKPOINT, write.start, write.end))
         totals = self.write_totals

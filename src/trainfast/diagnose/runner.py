@@ -46,7 +46,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,7 @@ from typing import Any
 import psutil
 import torch
 
+from trainfast.diagnose.attempts import agent_store, attempt_of, lost_progress, record_for, restarts_left
 from trainfast.diagnose.build import build_report
 from trainfast.diagnose.instrument import Instrumentation, Observations
 from trainfast.diagnose.ledger import Ledger
@@ -166,7 +167,7 @@ def launched_ranks(env: Mapping[str, str] | None = None) -> int:
     return world if "TORCHELASTIC_RUN_ID" in env or world > 1 else 0
 
 
-def rank_agreement(env: Mapping[str, str] | None = None) -> StoreStop | None:
+def rank_agreement(env: Mapping[str, str] | None = None, *, run: int | None = None) -> StoreStop | None:
     """The stop agreement of a job with 2+ ranks, on its store (MASTER_ADDR:MASTER_PORT, torchrun's agent store
     when TORCHELASTIC_USE_AGENT_STORE=True), under a key prefix of ours per attempt and doctor run; None for a
     single process or without a store address."""
@@ -180,7 +181,8 @@ def rank_agreement(env: Mapping[str, str] | None = None) -> StoreStop | None:
                     "its own clock", launched_ranks(env), type(e).__name__, e)
         return None
     # a restarted attempt must not read the stop of the attempt before it
-    prefix = f"trainfast/doctor/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/run_{next(_RUNS)}/"
+    run = next(_RUNS) if run is None else run
+    prefix = f"trainfast/doctor/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/run_{run}/"
 
     def connect() -> Any:
         client = torch.distributed.TCPStore(host, port, is_master=False,  # type: ignore[attr-defined]
@@ -244,10 +246,13 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
         raise ValueError(f"max_seconds={max_seconds!r}: give a positive number of seconds, or None for no limit")
     timeline = Timeline(warmup_steps=warmup, max_steps=steps)
     timeline.stop_when_done = not whole_run
-    ledger = None
+    ledger = record = None
+    run = next(_RUNS)
     if whole_run:
         ledger = Ledger(process_start=_process_start(entered) if from_process_start else entered)
-    timeline.agreement = agreement = rank_agreement()
+        store = agent_store()  # under torchrun with --max-restarts: this attempt's record (attempts.py)
+        record = record_for(store, ledger, run)
+    timeline.agreement = agreement = rank_agreement(run=run)
     started = time.perf_counter()
     if max_seconds is not None:
         timeline.deadline = started + max_seconds
@@ -262,7 +267,7 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
 
     saved_argv, saved_path, saved_env = sys.argv[:], sys.path[:], dict(os.environ)
     distributed_before = _process_group_up()
-    exit_code, error = 0, None
+    exit_code, error, outcome = 0, None, "the script ended"
     # An optimizer's constructor imports torch._dynamo, which keeps a table of Tensor's methods: imported while
     # our counting wrappers are in place, it would keep them (and the whole run) for the rest of the process.
     import torch._dynamo
@@ -281,6 +286,8 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
             if probe is not None:
                 probe(phase)
         timeline.on_phase_end = on_phase_end
+        if record is not None:
+            record.start()
         try:
             remaining = None if max_seconds is None else max(1e-3, started + max_seconds - time.perf_counter())
             with _alarm(remaining, timeline):
@@ -320,10 +327,15 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
             os.environ.clear()
             os.environ.update(saved_env)
             timeline.finish()
+            if record is not None:  # after finish(): the step the run ended in is closed
+                record.end(outcome)
             timeline.agreement = None  # (its store connection goes with it)
             script_benchmark = measured_benchmark[0] if measured_benchmark else torch.backends.cudnn.benchmark
         gc.collect()  # the unwound script's loaders (and their worker processes) go now, not at exit
     whole = None if ledger is None else whole_run_entry(ledger, inst, end=ended, warmup=warmup)
+    if whole is not None:  # after torchrun restarted the job (attempts.py)
+        whole.entry["lost_progress"] = None if record is None else lost_progress(
+            record.store, attempt=attempt_of(), run=run, started=record.ledger.process_start + record.to_unix)
     try:
         return _report(timeline, inst, monitor, checks=checks, target=target, module=module, args=args,
                        outcome=outcome, exit_code=exit_code, error=error, oom=oom, steps=steps,
@@ -356,6 +368,12 @@ def _report(timeline: Timeline, inst: Instrumentation, monitor: Monitor, *, chec
     world_size = launched_ranks()
     if world_size < 2:
         return DoctorRun(report=report, exit_code=exit_code, error=error)
+    if exit_code != 0 and restarts_left():  # torchrun's agent stops every rank and starts the job again now:
+        rank = launch_env().rank  # waiting for the other ranks' figures would only delay the restart (by 60 s)
+        log.warning("doctor: the script failed on rank %d and torchrun will restart the job: this rank's own "
+                    "report, not the job's (the next attempt's report counts the steps trained again)", rank)
+        return DoctorRun(report=replace(report, world_size=world_size, rank=rank), exit_code=exit_code, error=error,
+                         rank=rank, world_size=world_size)
     report, published = job_report(report, agreement, world_size=world_size, exit_code=exit_code)
     return DoctorRun(report=report, exit_code=exit_code, error=error, rank=report.rank, world_size=world_size,
                      published=published)

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from trainfast.diagnose.attempts import lost_progress_line
 from trainfast.diagnose.classify import Fractions, Verdict, no_verdict_reason
 from trainfast.diagnose.evidence import LoaderStats
 from trainfast.diagnose.recommend import Recommendation
@@ -98,9 +99,10 @@ def render_terminal(report: Shown, console: Console | None = None) -> None:
         console.print("no fix to recommend from what was measured")
     for check in report.env.get("checks", []):
         if check.get("status") in ("warn", "fail"):
-            console.print(f"[yellow]{check['status']}[/] {check['name']}: {check['detail']} — {check.get('fix', '')}")
+            console.print(f"[yellow]{check['status']}[/] {check['name']}: {escape(str(check['detail']))} — "
+                          f"{escape(str(check.get('fix', '')))}")
     for note in report.notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {escape(note)}")
 
 
 PHASE_STYLE = {"startup": "blue", "compile": "magenta", "train": "green", "evaluation": "cyan",
@@ -154,6 +156,10 @@ def render_whole_run(whole: dict[str, Any], console: Console) -> None:
                 and checkpoint["seconds"] > 0 else "")
         console.print(f"checkpoint: {checkpoint['count']} write(s), {checkpoint['bytes'] / 1e6:,.1f} MB in "
                       f"{checkpoint['seconds']:.2f} s{rate}; training blocked {checkpoint['blocking_s']:.2f} s")
+    lost = whole.get("lost_progress")
+    if lost:
+        console.print(f"[bold red]lost progress[/]: {escape(lost_progress_line(lost))}")
+
 
 
 def compute_line(compute: dict[str, Any]) -> str:

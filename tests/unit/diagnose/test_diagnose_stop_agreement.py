@@ -160,7 +160,7 @@ def test_gains_are_timed_on_a_replay_not_on_extra_steps_under_an_agreement(
         tmp_path: Any, monkeypatch: pytest.MonkeyPatch, server: Any) -> None:
     """Under torchrun the candidate fixes are timed on a copy of the model (no collective in it), never on extra
     steps some ranks would take and others not: the measured steps and the agreed stop are as without them."""
-    monkeypatch.setattr(runner, "rank_agreement", lambda: StoreStop(client(server), 0))
+    monkeypatch.setattr(runner, "rank_agreement", lambda **_: StoreStop(client(server), 0))
     script = tmp_path / "loop.py"
     script.write_text("import torch\nm = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
                       "for _ in range(40):\n    m(torch.randn(8, 4)).sum().backward()\n    opt.step()\n"
