@@ -7,9 +7,9 @@ each evaluation), run to its end `--pairs` times plainly (`python script.py`) an
 and threads that share them made the same plain run take 11.7 to 18.6 s (five runs), a spread that hides a cost of
 a few percent. The script times itself from its process's start to
 its end (its `truth` line), so both runs are measured by the same clock:
-  - `script_overhead`: the script's wall time under the doctor, less the doctor's own work inside it (its scans
-    and timed candidate fixes, `doctor_s`, which the report leaves out), over the plain run's: what the hooks and
-    the doctor's start-up (importing itself) cost the run;
+  - `script_overhead`: the script's wall time under the doctor, less the doctor's own work inside it (`doctor_s`,
+    which the report leaves out: importing itself, its scans and timed candidate fixes), over the plain run's: what
+    the hooks cost the run;
   - `after_startup_overhead`: the same from the first training batch on (the script's wall less its start-up, as
     it timed both): the hooks' cost on the run itself, without the doctor's fixed cost of importing itself;
   - `command_overhead`: the whole command's time over the plain one's: everything the user waits for, the
@@ -71,7 +71,8 @@ def doctored(args: list[str]) -> tuple[float, float, float, dict[str, Any]]:
         command = time.perf_counter() - started
         whole = json.loads(report.read_text())["whole_run"]
     own = truth(done.stdout)
-    return command, own["wall_s"] - whole["doctor_s"], own["startup_s"], whole
+    set_up = whole["doctor_parts_s"].get("set-up", 0.0)  # the doctor importing itself: inside the script's start-up
+    return command, own["wall_s"] - whole["doctor_s"], own["startup_s"] - set_up, whole
 
 
 def per_step(rounds: int) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 import logging as _logging
 
+from trainfast import _import_clock  # noqa: F401  (first: it times trainfast's own import)
 from trainfast.data import ImageFolder, PackedImages, build_model, ensure_demo_dataset, pack
 from trainfast.diagnose import Doctor, Report, diagnose
 from trainfast.loader import DevicePrefetcher, make_loader

@@ -152,9 +152,9 @@ class Ledger:
     def epoch_started(self, started: float, asked: float, got: float) -> None:
         self.epoch_starts.append((started, got, got - asked))
 
-    def doctor(self, seconds: float, what: str) -> None:
-        """The doctor's own `seconds`, just spent on `what` ("set-up", "scan", "probe")."""
-        now = perf_counter()
+    def doctor(self, seconds: float, what: str, *, end: float | None = None) -> None:
+        """The doctor's own `seconds` on `what` ("set-up", "scan", "probe"), ending at `end` (now if None)."""
+        now = perf_counter() if end is None else end
         self.intervals.append((DOCTOR, now - seconds, now))
         self.doctor_parts[what] = self.doctor_parts.get(what, 0.0) + seconds
 

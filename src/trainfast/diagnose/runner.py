@@ -250,6 +250,8 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
     run = next(_RUNS)
     if whole_run:
         ledger = Ledger(process_start=_process_start(entered) if from_process_start else entered)
+        if from_process_start:  # importing the doctor itself is not the script's start-up
+            ledger.doctor(_own_setup_s(entered), "set-up", end=entered)
         store = agent_store()  # under torchrun with --max-restarts: this attempt's record (attempts.py)
         record = record_for(store, ledger, run)
     timeline.agreement = agreement = rank_agreement(run=run)
@@ -384,6 +386,13 @@ def _process_start(now: float) -> float:
     counts from there (the interpreter, importing torch)."""
     age = time.time() - float(psutil.Process().create_time())
     return now - max(0.0, age)
+
+
+def _own_setup_s(entered: float) -> float:
+    """The doctor's own start-up until `entered` (perf_counter): from trainfast's import, less the `import torch`
+    inside it, to the doctor's start (its modules, the command line)."""
+    from trainfast import _import_clock
+    return max(0.0, entered - _import_clock.STARTED - _import_clock.TORCH_S)
 
 
 def _process_group_up() -> bool:

@@ -253,6 +253,22 @@ def test_a_slower_startup_alone_is_a_slower_run() -> None:
     assert c.slowdown.pct > 5 and judge(c, 5).failed
 
 
+def test_start_up_noise_alone_cannot_fail_the_gate_but_training_made_slower_does() -> None:
+    """The same training, a start-up 20 % longer (the machine's run-to-run noise on a short run): more than 5 %
+    slower per sample, but training alone is not, and one start-up figure a run cannot tell noise from a change."""
+    base, new = whole(seed=1, startup_s=20.0), whole(seed=1, startup_s=24.0)
+    c = compare(base, new)
+    assert c.slowdown.low_pct > 5 and c.training is not None and abs(c.training.pct) < 0.5
+    assert c.outside is not None and c.outside[1] / c.outside[0] == pytest.approx(1.15, abs=0.02)
+    gate = judge(c, 5)
+    assert not gate.failed and not gate.decided
+    assert "training alone is" in gate.verdict and "startup 20.00 → 24.00 s" in gate.verdict
+    # the same start-up noise with training 15 % slower per sample: training alone carries the failure
+    slower = compare(base, whole(seed=2, startup_s=24.0, seconds_per_sample=0.00115))
+    assert slower.training is not None and slower.training.low_pct > 5 and judge(slower, 5).failed
+    assert compare(base, new).to_json()["training_slowdown"]["measure"] == "training alone"
+
+
 def test_time_outside_training_has_no_spread_and_a_note_says_so() -> None:
     """Startup is one figure per run: only training's share of the wall time moves with the resampled intervals."""
     c = compare(whole(seed=1, startup_s=200.0, spread=0.1), whole(seed=2, startup_s=200.0, spread=0.1))
