@@ -17,7 +17,7 @@ from trainfast.atomic import json_text, write_output
 from trainfast.diagnose.compare import (
     CONFIDENCE,
     MIN_UNITS,
-    OUTSIDE_NOISE,
+    STARTUP_NOISE,
     WINDOW,
     Change,
     Comparison,
@@ -49,9 +49,9 @@ interval stays below --fail-slower, or below twice it with a noise (its half-wid
 In between, these two runs cannot tell that slowdown from none: a warning says so and the exit code is 0; measure
 more steps (--steps), on a quieter machine. So does a verdict that rests on a run other processes slowed (the
 doctor's "other processes kept N cores busy"): a slowdown of a contended NEW, a pass against a contended BASE.
-And so does a whole run's slowdown that training alone does not carry beyond --fail-slower while the time
-outside training grew by {OUTSIDE_NOISE:.0%} or less: that time (start-up above all) is one figure per run, and
-varies that much from run to run. The interval covers the noise within each run, not a change of machine
+And so does a whole run's slowdown that would not be beyond --fail-slower with BASE's start-up, while the
+start-up grew by {STARTUP_NOISE:.0%} or less: a start-up is one figure per run, and varies that much from run to
+run. The interval covers the noise within each run, not a change of machine
 between them: the notes name what else the reports record of that (another torch, CPU count or GPU).
 
 Exit codes: 0 not slower by more than --fail-slower beyond the noise (or no --fail-slower, or the gate could not
