@@ -161,7 +161,6 @@ def render_whole_run(whole: dict[str, Any], console: Console) -> None:
         console.print(f"[bold red]lost progress[/]: {escape(lost_progress_line(lost))}")
 
 
-
 def compute_line(compute: dict[str, Any]) -> str:
     """The `compute` entry in words: FLOPs per step, the rate achieved and how far it is from the peak."""
     flops = compute.get("flops_per_step")
