@@ -415,14 +415,16 @@ def compare(base: Mapping[str, Any], new: Mapping[str, Any], *, names: tuple[str
         shares = [_train_share(r["whole_run"]) for r in (base, new)]
         ratios = _cost_ratios(costs, shares, resampled)
         measure = Change("wall time per sample", "s/sample", costs[0], costs[1], _interval(ratios))
-        startup = (costs[0] * _startup_share(base["whole_run"]), costs[1] * _startup_share(new["whole_run"]))
+        phases = _phases(base["whole_run"], new["whole_run"])
+        start = next((c for c in phases if c.name == "startup"), None)  # its shares of each run's wall time
+        startup = ((costs[0] * (start.base_share or 0.0), costs[1] * (start.new_share or 0.0)) if start
+                   else (0.0, 0.0))
         same_start = _cost_ratios(costs, shares, resampled, shift=startup[0] - startup[1])
         without_startup = Slowdown("with BASE's start-up", ((costs[1] + startup[0] - startup[1]) / costs[0] - 1) * 100,
                                    *_percent_interval(same_start))
         train_rates = [_train_rate(r, u) for r, u in zip((base, new), units, strict=True)]
         train_ratios = _cost_ratios([1 / r for r in train_rates], [1.0, 1.0], resampled)
         rates = [Change("train samples/s", "samples/s", train_rates[0], train_rates[1], _interval(1 / train_ratios))]
-        phases = _phases(base["whole_run"], new["whole_run"])
         goodput = Change("goodput", "share", _number(base["whole_run"].get("goodput")),
                          _number(new["whole_run"].get("goodput")))
     else:
@@ -449,13 +451,6 @@ def _cost_ratios(costs: Sequence[float], shares: Sequence[float], resampled: _Re
     base = costs[0] * (1 - shares[0] + shares[0] * resampled.base_cost)
     new = costs[1] * (1 - shares[1] + shares[1] * resampled.new_cost) + shift
     return np.asarray(new / base, dtype=np.float64)
-
-
-def _startup_share(whole: Mapping[str, Any]) -> float:
-    """The start-up phase's share of a whole run's wall time (0 when the report has none)."""
-    share = next((_number(p.get("share")) for p in whole.get("phases") or []
-                  if isinstance(p, Mapping) and p.get("phase") == "startup"), None)
-    return min(1.0, max(0.0, share or 0.0))
 
 
 def _train_share(whole: Mapping[str, Any]) -> float:
