@@ -31,6 +31,10 @@ class LoaderPlan:
     reasons: tuple[str, ...]
     cpu_threads: int | None = None  # intra-op threads a tuning measured best beside these workers (CPU training)
     backend: str = "processes"  # what the workers are: "processes" or "threads"
+    # Reads that wait (latency.py): the cores the loader threads may keep busy, fewer than the threads, and the
+    # most threads the pool grows to (None: a fixed pool, as many workers as cores)
+    loader_cores: int | None = None
+    most_threads: int | None = None
 
     def describe(self) -> str:
         return "; ".join(self.reasons)
@@ -45,6 +49,14 @@ def split_cpu(cpus: int) -> tuple[int, int]:
     """
     workers = min(MAX_AUTO_WORKERS, max(1, cpus // 2))
     return workers, threads_beside_workers(cpus, workers)
+
+
+def worker_cores(cpus: int, target: str, devices: int = 1) -> int:
+    """The cores "auto" gives the loader's workers: on CUDA all but one per device's main process, on the CPU
+    `split_cpu`'s share (the rest run the compute), at most `MAX_AUTO_WORKERS`."""
+    if target == "cuda":
+        return min(MAX_AUTO_WORKERS, max(1, cpus // max(1, devices) - 1))
+    return split_cpu(cpus)[0]
 
 
 def auto_prefetch(workers: int) -> int:
@@ -78,11 +90,12 @@ def plan_loader(*, workers: int | Auto, pin_memory: bool | Auto, prefetch_factor
         n = 0
         reasons.append(f"num_workers=0: {dataset_len} samples (< {TINY_DATASET}) load faster than workers start")
     elif target == "cuda":
-        n = min(MAX_AUTO_WORKERS, max(1, cpus // max(1, devices) - 1))
+        n = worker_cores(cpus, target, devices)
         reasons.append(f"num_workers={n}: {cpus} usable CPUs / {devices} device(s), "
                        "one core kept per device's main process")
     else:
-        n, threads = split_cpu(cpus)
+        n = worker_cores(cpus, target)
+        threads = threads_beside_workers(cpus, n)
         reasons.append(f"num_workers={n}: {cpus} usable CPUs shared with {threads} compute thread(s) on the CPU")
 
     if on_device:
@@ -118,10 +131,14 @@ def plan_loader(*, workers: int | Auto, pin_memory: bool | Auto, prefetch_factor
 def training_threads(plan: LoaderPlan | None, workers: int, cpus: int, shared: bool) -> tuple[int, str]:
     """Intra-op threads for training on the CPU fed by a loader with `workers` workers, on `cpus` usable CPUs of
     this process (`shared`: other ranks share the machine), and the reason: a tuning's measured best when the loader
-    carries one, else the cores its workers leave."""
+    carries one, else the cores its workers leave (threads that mostly wait on reads: the plan's `loader_cores`)."""
     if plan is not None and plan.cpu_threads is not None:
         scaled = ", scaled to this process's share of the CPUs" if shared else ""
         return plan.cpu_threads, (f"cpu_threads={plan.cpu_threads} beside {plan.num_workers} worker(s): trainfast "
                                   f"tune's measured best{scaled}")
+    if plan is not None and plan.loader_cores is not None:
+        chosen = threads_beside_workers(cpus, plan.loader_cores)
+        return chosen, (f"cpu_threads={chosen}: {cpus} usable CPUs shared with {workers} loader thread(s) whose reads "
+                        f"mostly wait, kept within {plan.loader_cores} core(s)")
     chosen = threads_beside_workers(cpus, workers)
     return chosen, f"cpu_threads={chosen}: {cpus} usable CPUs shared with {workers} loader worker(s)"

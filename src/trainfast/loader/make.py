@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 from trainfast.loader.auto import Auto, LoaderPlan
 from trainfast.loader.batches import EpochBatches, EpochLoader
 from trainfast.loader.faults import LoaderError, explain_failure
+from trainfast.loader.latency import PoolGrowth
 from trainfast.loader.memory import TensorLoader
 from trainfast.loader.options import Backend, LoaderOptions, Tuned
 from trainfast.loader.prefetch import Normalize
@@ -197,7 +198,7 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
                 collate_fn: Callable[[list[Any]], Any] | None = None, normalize: Normalize | None = None,
                 rank: int | None = None, world_size: int | None = None,
                 multiprocessing_context: str | None = None, timeout_s: float = 0,
-                backend: Backend = "processes") -> Loader | TensorLoader | ThreadLoader:
+                backend: Backend = "auto") -> Loader | TensorLoader | ThreadLoader:
     """A loader with every "auto" resolved for this machine; logs what it chose and why.
 
     `dataset` may be any map-style Dataset, or tensors already in memory (a `TensorDataset` or a
@@ -212,6 +213,10 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
     `backend="threads"`: the workers are threads of this process, each making whole batches (`ThreadLoader`: no
     IPC, for decoders that release the GIL, as Pillow's JPEG decode). Their augmentation is reproducible only when
     drawn from `trainfast.loader.seeding.batch_rngs()` (the global RNGs are shared with the training thread).
+    `backend="processes"`: DataLoader worker processes, always. `backend="auto"` (the default): processes, unless
+    `workers="auto"` and a few reads timed here (~0.25 s at most) wait on I/O (network storage) more than they use
+    the CPU: then threads, as many as keep the loader's cores busy and growing while the training waits for
+    batches (`trainfast.loader.latency`). A dataset whose reads use the CPU gets the same plan either way.
 
     With workers: `timeout_s` > 0 bounds the wait for each batch (a hung worker then raises `LoaderError`);
     when /dev/shm is small (< 256 MiB free) or too small for workers x prefetch_factor batches (estimated for
@@ -247,9 +252,11 @@ def build_loader(resolution: LoaderResolution) -> Loader | TensorLoader | Thread
     collate = options.collate_fn or torch.utils.data.default_collate
     if plan.backend == "threads":
         log.info("make_loader: %s", plan.describe())
+        growth = None if plan.most_threads is None or plan.loader_cores is None else \
+            PoolGrowth(plan.most_threads, plan.loader_cores)
         return ThreadLoader(r.samples, batches, plan, collate_fn=collate, normalize=r.normalize,
                             threads=plan.num_workers, prefetch_factor=plan.prefetch_factor or 2,
-                            pin_memory=plan.pin_memory, timeout_s=options.timeout_s)
+                            pin_memory=plan.pin_memory, timeout_s=options.timeout_s, growth=growth)
     fetch = _SeededBatches(r.samples, collate)
     extra: dict[str, Any] = {}
     if plan.num_workers > 0:

@@ -15,7 +15,8 @@ from trainfast.loader.auto import Auto
 from trainfast.loader.prefetch import Normalize
 
 Tuned = Literal["tuned"]
-Backend = Literal["processes", "threads"]
+Backend = Literal["auto", "processes", "threads"]
+BACKENDS = ("auto", "processes", "threads")
 
 
 def _opt(help: str, **extra: Any) -> dict[str, Any]:
@@ -102,16 +103,18 @@ class LoaderOptions:
     timeout_s: float = field(default=0, metadata=_opt(
         "seconds to wait for each batch from a worker before raising LoaderError; 0 waits forever"))
     # `str`, validated below: cli/flags.py converts a Literal only inside a union (`int | Auto`), not alone
-    backend: str = field(default="processes", metadata=_opt(
-        "what the workers are: 'processes' (DataLoader worker processes) or 'threads' (threads of this process "
+    backend: str = field(default="auto", metadata=_opt(
+        "what the workers are: 'processes' (DataLoader worker processes), 'threads' (threads of this process "
         "making whole batches: no IPC, for decoders that release the GIL; augmentation is reproducible only when "
-        "drawn from trainfast.loader.seeding.batch_rngs())", choices=("processes", "threads")))
+        "drawn from trainfast.loader.seeding.batch_rngs()) or 'auto' (processes, unless workers='auto' and a few "
+        "timed reads wait on I/O more than they use the CPU: then a pool of threads sized to hide that latency)",
+        choices=BACKENDS))
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
         check_choice("prefetch_factor", self.prefetch_factor,
                      self.prefetch_factor == "auto" or is_int(self.prefetch_factor, 1), "'auto' or an integer >= 1")
-        check_choice("backend", self.backend, self.backend in ("processes", "threads"), "'processes' or 'threads'")
+        check_choice("backend", self.backend, self.backend in BACKENDS, "'auto', 'processes' or 'threads'")
         t = self.timeout_s
         check_choice("timeout_s", t, isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
                      and t >= 0, "a number of seconds >= 0 (0 waits for each batch forever)")

@@ -13,11 +13,12 @@ from torch.utils.data import Dataset, TensorDataset
 
 from trainfast.device import device_kind
 from trainfast.envcheck.environment import tensors_batch_bytes
-from trainfast.host import available_cpus
+from trainfast.host import available_cpus, memory
 from trainfast.launch import launch_env
 from trainfast.loader import faults
-from trainfast.loader.auto import LoaderPlan, plan_loader
+from trainfast.loader.auto import LoaderPlan, auto_prefetch, plan_loader, worker_cores
 from trainfast.loader.faults import fit_shared_memory
+from trainfast.loader.latency import probe_reads, size_pool
 from trainfast.loader.options import LoaderOptions, check_choice, is_int
 from trainfast.loader.prefetch import Normalize
 from trainfast.loader.tuned import WorkerSettings, for_share
@@ -60,6 +61,7 @@ def resolve_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: i
     them) where `options` leaves rank/world_size None, `LOCAL_WORLD_SIZE` (processes sharing this machine's CPUs);
     the CPUs this process may use; with `device="auto"`, whether CUDA is available; with `workers="tuned"`,
     `trainfast tune`'s result in the cache (its workers and threads scaled to this process's share of the CPUs);
+    with `workers="auto"` and `backend` "auto" or "threads", a few of the dataset's reads, timed (`probe_reads`);
     with workers, the free space of /dev/shm (prefetch_factor is lowered to fit, and a `LoaderError` is raised if
     even 1 cannot).
     Invalid input raises ValueError or TypeError, as `make_loader` (a malformed launch variable: ValueError too).
@@ -124,9 +126,10 @@ def _for_threads(plan: LoaderPlan) -> LoaderPlan:
     """The plan for loader threads: no processes, so nothing persists between epochs and /dev/shm is not used."""
     n, pf = plan.num_workers, plan.prefetch_factor or 2
     reasons = tuple(r for r in plan.reasons if not r.startswith("persistent_workers="))
+    most = plan.most_threads or n
     return replace(plan, backend="threads", persistent_workers=False, reasons=(
         *reasons, f"backend=threads: {n} loader thread(s) in this process, each making whole batches (no IPC; "
-        f"at most {n * pf} batches in flight, the next epoch's first ones made during this one's last)"))
+        f"at most {most * pf} batches in flight, the next epoch's first ones made during this one's last)"))
 
 
 def _plan(dataset: Any, batch_size: int, options: LoaderOptions, tensors: tuple[torch.Tensor, ...] | None,
@@ -152,7 +155,30 @@ def _plan(dataset: Any, batch_size: int, options: LoaderOptions, tensors: tuple[
         plan = replace(plan, cpu_threads=tuned.cpu_threads, backend=tuned.backend,
                        reasons=(f"tuned by measurement ({measured.label()})", *((shared,) if shared else ()),
                                 *plan.reasons))
+    elif workers in ("auto", "tuned") and options.backend != "processes" and tensors is None:
+        plan = _for_reads(plan, dataset, n, batch_size, options, worker_cores(cpus, target))
     return plan
+
+
+def _for_reads(plan: LoaderPlan, dataset: Any, n: int, batch_size: int, options: LoaderOptions,
+               cores: int) -> LoaderPlan:
+    """`plan` for this dataset's reads, a few of them timed here: reads that wait (network storage) get loader
+    threads sized to hide their latency within the loader's `cores` (`size_pool`); reads that use the CPU, or that
+    could not be timed, keep `plan` as it is, with the reason when `backend="auto"` chose processes."""
+    probe = probe_reads(dataset, n)
+    if probe is None or not probe.waiting:
+        if options.backend != "auto" or plan.num_workers == 0:
+            return plan
+        why = f"reads use the CPU ({probe.describe()})" if probe else "the reads could not be timed (one failed)"
+        return replace(plan, reasons=(*plan.reasons, f"backend=processes: {why}: worker processes, sized by the "
+                                      "cores"))
+    # 2 a thread: the head batch in order may be slow while the others wait done (waiting reads: >= 2 threads)
+    pf = auto_prefetch(2) if options.prefetch_factor == "auto" else options.prefetch_factor
+    pool = size_pool(probe, batch_size=batch_size, cores=cores, prefetch_factor=pf, available_bytes=memory().available)
+    kept = tuple(r for r in plan.reasons if not r.startswith(("num_workers=", "prefetch_factor=",
+                                                                 "persistent_workers=")))
+    return replace(plan, num_workers=pool.threads, prefetch_factor=pf, backend="threads", loader_cores=cores,
+                   most_threads=pool.most, reasons=(pool.reasons[0], *kept, *pool.reasons[1:]))
 
 
 def _share_reason(measured: WorkerSettings, scaled: WorkerSettings, *, machine_cpus: int, cpus: int,

@@ -19,6 +19,9 @@ thread timing, and
 advance the streams the training loop draws from: use the processes backend (or workers=0) where those
 augmentations must be reproducible. Seeding the globals under a lock instead would serialise every fetch, so
 the threads would not overlap at all, and still race with the training thread.
+
+Reads that wait (network storage): a pool given a `PoolGrowth` grows while the training waits for batches
+(latency.py); every batch's wall and CPU time is counted for `fetch_stats`. Neither changes what a batch holds.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from torch.utils.data import Dataset
 from trainfast.loader.auto import LoaderPlan
 from trainfast.loader.batches import EpochBatches, EpochLoader
 from trainfast.loader.faults import LoaderError, explain_failure
+from trainfast.loader.latency import FetchCounter, FetchStats, PoolGrowth
 from trainfast.loader.prefetch import Normalize
 from trainfast.loader.seeding import thread_seeded
 
@@ -59,19 +63,30 @@ class ThreadLoader(EpochLoader):
     the dataset has `path(index)`), or a `LoaderError` for too many open files. `timeout_s` > 0 bounds the wait
     for each batch (`LoaderError`, kind "timeout"). The threads start at `iter()`; `close()`, garbage collection
     of the epoch's iterator (a `break`) and the end of the epoch stop them.
+
+    `growth`: when and how far the pool grows while the training waits for batches (reads that wait on storage);
+    None keeps `threads`. `fetch_stats` says what the threads measured.
     """
 
     def __init__(self, dataset: Dataset[Any], batches: EpochBatches, plan: LoaderPlan, *,
                  collate_fn: Callable[[list[Any]], Any], normalize: Normalize | None, threads: int,
-                 prefetch_factor: int, pin_memory: bool, timeout_s: float = 0) -> None:
+                 prefetch_factor: int, pin_memory: bool, timeout_s: float = 0,
+                 growth: PoolGrowth | None = None) -> None:
         if threads < 1 or prefetch_factor < 1:
             raise ValueError(f"threads={threads} and prefetch_factor={prefetch_factor} must both be >= 1")
         self.dataset, self.batches, self.plan, self.normalize = dataset, batches, plan, normalize
         self.collate_fn, self.threads, self.prefetch_factor = collate_fn, threads, prefetch_factor
         self.pin_memory, self.timeout_s = pin_memory and torch.cuda.is_available(), timeout_s
-        self.batch_size = batches.batch_size
+        self.batch_size, self.growth = batches.batch_size, growth
+        self._counter = FetchCounter()
         self._live: weakref.ref[_Epoch] | None = None
         self._ahead: _Ahead | None = None  # the last epoch's threads, already making the next epoch's first batches
+
+    @property
+    def fetch_stats(self) -> FetchStats:
+        """Batches fetched since the loader was built, the wall and thread CPU seconds inside those fetches, and
+        the pool's size now."""
+        return self._counter.stats(self.threads)
 
     def __iter__(self) -> Iterator[Any]:
         ahead, self._ahead = self._ahead, None
@@ -104,13 +119,17 @@ class ThreadLoader(EpochLoader):
 
     def fetch(self, seed: int, indices: np.ndarray) -> Any:
         """One batch, as a loader thread makes it (callable from any thread; the global RNGs are not touched)."""
-        with thread_seeded(seed):
-            try:
-                batch = self.collate_fn(self._samples(indices.tolist()))
-            except Exception as e:
-                _note(e, f"the batch of samples {indices.tolist()}")
-                raise
-        return _pin(batch) if self.pin_memory else batch
+        cpu0, wall0 = time.thread_time(), time.perf_counter()
+        try:
+            with thread_seeded(seed):
+                try:
+                    batch = self.collate_fn(self._samples(indices.tolist()))
+                except Exception as e:
+                    _note(e, f"the batch of samples {indices.tolist()}")
+                    raise
+            return _pin(batch) if self.pin_memory else batch
+        finally:
+            self._counter.add(time.perf_counter() - wall0, time.thread_time() - cpu0)
 
     def _samples(self, indices: list[int]) -> list[Any]:
         getitems = getattr(self.dataset, "__getitems__", None)
@@ -215,14 +234,23 @@ class _Epoch(Iterator[Any]):
         self._shared = shared = _Shared(loader.threads)
         self._finalizer = weakref.finalize(self, shared.stop)
         self._next = self._submitted = self._base = 0
-        for _ in range(loader.threads * loader.prefetch_factor):
+        if loader.growth is not None:  # this epoch's first batch waits for the pipeline to fill, whatever its size
+            loader.growth.restart()
+        self._add_threads(loader.threads)
+
+    def _add_threads(self, count: int) -> None:
+        """Start `count` more threads and put `prefetch_factor` more batches in flight for each."""
+        loader, shared = self._loader, self._shared
+        for _ in range(count * loader.prefetch_factor):
             if not self._submit():
                 break
         fetch = _weak_fetch(loader)
-        for i in range(loader.threads):
-            worker = threading.Thread(target=_work, args=(shared, fetch), daemon=True, name=f"trainfast-loader-{i}")
+        for _ in range(count):
+            name = f"trainfast-loader-{len(shared.workers)}"
+            worker = threading.Thread(target=_work, args=(shared, fetch), daemon=True, name=name)
             shared.workers.append(worker)
             worker.start()
+        shared.count = len(shared.workers)
 
     def _submit(self) -> bool:
         """Put the next batch in flight: this epoch's, then the following epoch's first ones."""
@@ -249,6 +277,7 @@ class _Epoch(Iterator[Any]):
         if self._end is not None and self._next >= self._end:
             self._hand_over()
             raise StopIteration
+        started = time.perf_counter()
         ok, value = self._take(self._next)
         self._next += 1
         if not ok:
@@ -256,7 +285,21 @@ class _Epoch(Iterator[Any]):
             _note(value, f"batch {self._batch_number(self._next - 1)} of the epoch", thread=False)
             raise self._explained(value)
         self._submit()
+        if self._loader.growth is not None:
+            self._grow(time.perf_counter() - started)
         return value
+
+    def _grow(self, waited_s: float) -> None:
+        """Grow the pool when `PoolGrowth` says the training waits for batches and the CPU has room."""
+        loader = self._loader
+        assert loader.growth is not None
+        grown = loader.growth.taken(waited_s, loader.fetch_stats)
+        if grown is None or self._shared.stopped.is_set():
+            return
+        log.info("make_loader: %d -> %d loader threads: the training waited for batches (%d batches in flight at "
+                 "most now)", loader.threads, grown, grown * loader.prefetch_factor)
+        added, loader.threads = grown - loader.threads, grown
+        self._add_threads(added)
 
     def _take(self, position: int) -> tuple[bool, Any]:
         shared, timeout = self._shared, self._loader.timeout_s

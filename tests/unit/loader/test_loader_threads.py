@@ -186,7 +186,7 @@ def test_plan_and_validation() -> None:
     assert not loader.plan.persistent_workers
     none = make_loader(Seeded(), 4, workers=0, backend="threads", device="cpu")
     assert not isinstance(none, ThreadLoader) and "backend='threads' ignored" in none.plan.describe()
-    with pytest.raises(ValueError, match="backend='fibers' is not valid; use 'processes' or 'threads'"):
+    with pytest.raises(ValueError, match="backend='fibers' is not valid; use 'auto', 'processes' or 'threads'"):
         make_loader(Seeded(), 4, backend="fibers")  # type: ignore[arg-type]
 
 
