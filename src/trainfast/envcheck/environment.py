@@ -150,10 +150,17 @@ def preflight(loader: object, *, batch_bytes: int | None = None) -> list[checks.
     `batch_bytes` (bytes per batch) sharpens the shared-memory check; for in-memory tensors it is estimated.
     """
     workers, prefetch = loader_settings(loader)
+    busy = workers
+    plan = _attr(loader, "plan")
+    if _attr(plan, "backend") == "threads":
+        # Loader threads fork nothing and pass nothing through /dev/shm; threads that mostly wait on reads keep only
+        # the plan's loader_cores busy (64 threads on 2 CPUs are not 64 workers competing for them).
+        busy = _count(_attr(plan, "loader_cores")) or workers
+        workers = 0
     if batch_bytes is None:
         batch_bytes = estimate_batch_bytes(loader)
     found = [
-        checks.cpu_check(workers, affinity_cpus(), cgroup_cpu_limit()),
+        checks.cpu_check(busy, affinity_cpus(), cgroup_cpu_limit()),
         checks.shm_check(checks.read_shm_bytes(), workers, prefetch, batch_bytes),
         checks.open_files_check(checks.read_open_files_limit(), workers),
     ]

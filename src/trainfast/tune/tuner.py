@@ -67,8 +67,9 @@ def _compute_rate(dataset: Any, batch_size: int, step_fn: TrainStep, repeats: in
 def start_config(dataset: Any, batch_size: int, *, device: str, cpu_training: bool) -> WorkerSettings:
     """`make_loader`'s "auto" plan for this dataset as a configuration: where the search starts."""
     plan = resolve_loader(dataset, batch_size, LoaderOptions(device=device)).plan
+    busy = plan.loader_cores if plan.loader_cores is not None else plan.num_workers  # threads waiting on reads: fewer
     return WorkerSettings(plan.num_workers, plan.prefetch_factor, plan.pin_memory,
-                          threads_beside_workers(available_cpus(), plan.num_workers) if cpu_training else None)
+                          threads_beside_workers(available_cpus(), busy) if cpu_training else None, plan.backend)
 
 
 def tune_loader(dataset: Any, batch_size: int, step_fn: TrainStep | None = None, *, budget_s: float = 60.0,
