@@ -22,11 +22,15 @@ import pytest
 import torch
 
 from helpers import ZIP_WRITER_FULL
+from remote_servers import RemoteServer
 from trainfast import atomic
 from trainfast.data.synthetic import DemoSize, ensure_demo_dataset
 
 # Set by torch itself, once per process, on the first optimizer step or compile: not a leak of ours.
 TORCH_OWN_ENV_PREFIXES = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_", "_TORCHINDUCTOR_", "TRITON_")
+# fsspec's event loop thread, one per process for its lifetime (remote data's requests run on it), and its loop's
+# default executor threads (DNS lookups, botocore's file reads)
+FSSPEC_IO_THREAD = "fsspecIO"
 TINY = DemoSize(name="tiny", train_per_class=8, val_per_class=4)  # 10 classes: 80 train, 40 val images
 # JPEGs decode with Pillow in every test process (workers too) unless a test picks simplejpeg: the auto choice
 # times both libraries, and tests that spy on Pillow's draft() must not depend on which won on this machine.
@@ -47,7 +51,8 @@ def guard_globals(request: pytest.FixtureRequest) -> object:
     deadline = time.monotonic() + 5.0  # loader pin-memory / rich refresh threads stop asynchronously
     while True:
         leaked = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()
-                  and not (request.node.get_closest_marker("torch_compile") and _torch_owned(t))]
+                  and not (request.node.get_closest_marker("torch_compile") and _torch_owned(t))
+                  and not _fsspec_owned(t)]
         if not leaked or time.monotonic() > deadline:
             break
         time.sleep(0.05)
@@ -65,6 +70,12 @@ def guard_globals(request: pytest.FixtureRequest) -> object:
         problems.append("a torch.distributed process group was left initialised")
     if problems:
         pytest.fail("; ".join(problems))
+
+
+def _fsspec_owned(thread: threading.Thread) -> bool:
+    if thread.name == FSSPEC_IO_THREAD:
+        return True
+    return thread.name.startswith("asyncio_") and any(t.name == FSSPEC_IO_THREAD for t in threading.enumerate())
 
 
 def _torch_owned(thread: threading.Thread) -> bool:
@@ -120,6 +131,49 @@ def demo_cache(_shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """$TRAINFAST_CACHE pointed at a folder shared by the session, so the demo dataset is generated once."""
     monkeypatch.setenv("TRAINFAST_CACHE", str(_shared_cache))
     return _shared_cache
+
+
+# --- object storage on localhost (tests/remote_servers.py): real servers in child processes, one per session --
+
+REMOTE_RETRY_S = "2"  # TRAINFAST_REMOTE_RETRY_S in tests: a failing request gives up after ~2 s
+
+
+@pytest.fixture(scope="session")
+def _http_server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteServer]:
+    with RemoteServer("http", tmp_path_factory.mktemp("http-root")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def _s3_server_process() -> Iterator[RemoteServer]:
+    with RemoteServer("s3") as server:
+        yield server
+
+
+def _fresh(server: RemoteServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[RemoteServer]:
+    monkeypatch.setenv("TRAINFAST_REMOTE_RETRY_S", REMOTE_RETRY_S)
+    server.command("up")  # a test may have taken it down
+    server.command("reset")
+    server.command("latency 0")
+    yield server
+    server.command("up")
+
+
+@pytest.fixture
+def http_server(_http_server_process: RemoteServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[RemoteServer]:
+    """A static HTTP server on localhost with Range requests, serving the files under `http_server.root` at
+    `http_server.url`; no injected latency or failures at the start of the test; TRAINFAST_REMOTE_RETRY_S=2."""
+    yield from _fresh(_http_server_process, monkeypatch)
+
+
+@pytest.fixture
+def s3_server(_s3_server_process: RemoteServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[RemoteServer]:
+    """moto's S3-compatible server on localhost, reached through the environment as a real one is (fake
+    credentials, AWS_ENDPOINT_URL); `s3_server.make_bucket(name)`; no injected latency or failures at the start of
+    the test; TRAINFAST_REMOTE_RETRY_S=2."""
+    for name, value in _s3_server_process.s3_env().items():
+        monkeypatch.setenv(name, value)
+    yield from _fresh(_s3_server_process, monkeypatch)
 
 
 def no_space() -> OSError:

@@ -3,7 +3,8 @@
 `main` is also where trainfast's own expected failures become one line on stderr,
 `trainfast <command>: error: <message>`, instead of a traceback: exit 2 for input that cannot work (a config
 value, a checkpoint to resume from, a dataset smaller than one batch), 1 for a failure during the work (a
-non-finite loss, out of memory, no room for a checkpoint or a report file, a corrupt image, a loader failure).
+non-finite loss, out of memory, no room for a checkpoint or a report file, a corrupt image, a loader failure,
+remote storage that stays unreachable).
 Any other exception is a bug and keeps its traceback; `--debug` (before or after the command) keeps the traceback
 of every error.
 """
@@ -14,11 +15,13 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from trainfast.atomic import OutputWriteError
 from trainfast.bench.plot import PlotUnavailableError
 from trainfast.cli import bench, compare, demo, doctor, env, pack, train, tune
 from trainfast.data.decode import CorruptImageError
+from trainfast.data.remote import RemoteStorageError, RemoteSupportMissing
 from trainfast.launch import launch_env
 from trainfast.loader.faults import LoaderError
 from trainfast.trainer.checkpoint import CheckpointError, CheckpointWriteError
@@ -41,6 +44,8 @@ EXPECTED: tuple[tuple[type[Exception], int], ...] = (
     (BatchSizeError, FAILED),
     (CorruptImageError, FAILED),
     (LoaderError, FAILED),
+    (RemoteStorageError, FAILED),  # storage that stayed unreachable, or an object missing from a pack
+    (RemoteSupportMissing, BAD_INPUT),  # a URL without the remote extra installed
     (OutputWriteError, FAILED),  # a report file on a full volume: the work it reports on is done
 )
 QUIET_HELP = "only warnings and errors on stderr"
@@ -110,6 +115,10 @@ def error_message(error: Exception, args: argparse.Namespace) -> str:
         message = (message[at + len(name):] if at >= 0 else message.strip().splitlines()[-1]).strip()
     if isinstance(error, CorruptImageError):
         message += _corrupt_image_hint(args)
+    if isinstance(error, RemoteStorageError) and getattr(args, "checkpoint_dir", None):
+        last = Path(args.checkpoint_dir) / "last.pt"
+        message += (f". {last} is intact: once the storage answers, rerun the same command with --resume"
+                    if last.exists() else ". No checkpoint was written yet")
     return message
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from trainfast.data.images import OnBadSample
 from trainfast.data.packing import INDEX_NAME
+from trainfast.data.remote import DataRoot, ObjectStore, RemoteSupportMissing, check_scheme, is_url
 from trainfast.data.splits import ImageData, has_split, open_split
 from trainfast.loader.auto import Auto
 from trainfast.loader.options import Tuned, parse_workers
@@ -37,6 +38,17 @@ def positive_seconds(text: str) -> float:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text} is not valid; give seconds > 0")
     return value
+
+
+def data_root(text: str) -> DataRoot:
+    """`--data`: a URL (http(s)://, s3://) as given, else a local folder (`~` expanded)."""
+    if is_url(text):
+        return text
+    try:
+        check_scheme(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return Path(text).expanduser()
 
 
 def workers_arg(text: str) -> int | Auto | Tuned:
@@ -123,8 +135,19 @@ def add_on_bad_sample_flag(parser: argparse.ArgumentParser) -> None:
                              "next image (stops past 1%% of the samples) (default: error)")
 
 
-def check_data_root(root: Path, parser: argparse.ArgumentParser) -> None:
-    """`--data ROOT` must hold ROOT/train/<class>/<image>: exit 2 naming what is missing otherwise."""
+def check_data_root(root: DataRoot, parser: argparse.ArgumentParser) -> None:
+    """`--data ROOT` must hold ROOT/train/<class>/<image> (a URL: ROOT/train/index.json): exit 2 naming what is
+    missing otherwise."""
+    if isinstance(root, str):
+        try:
+            found = ObjectStore(root).exists(f"train/{INDEX_NAME}")
+        except (RemoteSupportMissing, ValueError) as e:
+            parser.error(f"--data {root!r}: {e}")
+        if not found:
+            parser.error(f"--data {root!r} has no train/{INDEX_NAME}; a URL must hold a 'trainfast pack' output "
+                         f"with train/ (and optionally val/): pack one there with 'trainfast pack SRC {root}' "
+                         "(SRC/train/<class>/<image>)")
+        return
     if not root.is_dir():
         parser.error(f"--data {str(root)!r} does not exist; give a folder holding train/<class>/<image>")
     if (root / INDEX_NAME).is_file() and not (root / "train").is_dir():  # `pack` of a folder without splits
@@ -136,7 +159,7 @@ def check_data_root(root: Path, parser: argparse.ArgumentParser) -> None:
                      f"and optionally {root}/val/<class>/<image>")
 
 
-def open_data(root: Path, parser: argparse.ArgumentParser, *, image_size: int, on_bad_sample: str = "error",
+def open_data(root: DataRoot, parser: argparse.ArgumentParser, *, image_size: int, on_bad_sample: str = "error",
               val: bool = True) -> tuple[ImageData, ImageData | None]:
     """`--data ROOT`'s training set and validation set (None without ROOT/val, or with `val=False`): `PackedImages`
     for a folder written by `trainfast pack` (ROOT/train/index.json), else `ImageFolder` (with `--on-bad-sample`;

@@ -7,7 +7,7 @@ import re
 import sys
 from pathlib import Path
 
-from trainfast.cli.flags import positive_int
+from trainfast.cli.flags import data_root, positive_int
 from trainfast.data.packing import DEFAULT_MAX_SIZE, PackWriteError, pack
 from trainfast.trainer.config import ConfigError
 from trainfast.units import format_bytes, to_bytes
@@ -16,12 +16,17 @@ EXAMPLES = """examples:
   trainfast pack ~/data/pets ~/data/pets-packed --image-size 96   # shorter side 110 px (1.15 x 96)
   trainfast train --data ~/data/pets-packed --image-size 96 --epochs 10
   trainfast pack ~/data/imagenet /fast/imagenet-256 --max-size 256 --quality 90 --shard-bytes 256MiB
+  trainfast pack ~/data/pets s3://bucket/pets-packed --image-size 96   # then: train --data s3://bucket/pets-packed
 
 SRC holds SRC/<class>/<image>, or SRC/train/<class>/<image> and SRC/val/<class>/<image> (packed into DST/train
 and DST/val). DST gets shard-000000.tar, ... (WebDataset layout: <key>.jpg and <key>.cls per sample) and
 index.json. A corrupt source image is logged, left out and listed in index.json. Rerunning the same command
 after an interruption keeps the finished shards and writes the missing ones. A full volume (or a folder that
 refuses writes) ends it with one message and exit 1: the file, the bytes needed and free, the shards kept.
+DST may be s3://bucket/prefix (pip install 'trainfast[remote]'; credentials from the usual AWS sources, another
+S3-compatible server with AWS_ENDPOINT_URL=http://host:port): the pack is made in a staging folder under the
+trainfast cache, then uploaded shard by shard, index.json last; a rerun uploads only what is missing. Failed
+requests are retried for up to $TRAINFAST_REMOTE_RETRY_S seconds (30). http(s):// is read-only.
 """
 
 
@@ -40,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                    "resized so the shorter side is at most --max-size.",
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("src", type=Path, metavar="SRC", help="image folder: SRC/<class>/<image> or SRC/train, SRC/val")
-    p.add_argument("dst", type=Path, metavar="DST", help="output folder for the shards and index.json")
+    p.add_argument("dst", type=data_root, metavar="DST",
+                   help="output folder for the shards and index.json, or s3://bucket/prefix")
     p.add_argument("--max-size", type=positive_int, default=None, metavar="PX",
                    help=f"shorter side at most PX pixels, never upscaled (default: 1.15 x --image-size, else "
                         f"{DEFAULT_MAX_SIZE})")
@@ -56,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
-        result = pack(args.src.expanduser(), args.dst.expanduser(), max_size=args.max_size, quality=args.quality,
+        result = pack(args.src.expanduser(), args.dst, max_size=args.max_size, quality=args.quality,
                       shard_bytes=args.shard_bytes, workers=args.workers, image_size=args.image_size)
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         raise ConfigError(str(e)) from e
@@ -69,6 +75,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         where = f"{split.root}" + (f" ({name})" if name else "")
         print(f"packed {split.samples:,} images into {split.shards} shard(s), {format_bytes(split.bytes)}, at "
               f"{where}: {split.shards_written} written, {split.shards_kept} kept from an earlier run, "
-              f"{len(split.skipped)} corrupt image(s) skipped")
+              f"{len(split.skipped)} corrupt image(s) skipped"
+              + (f"; {split.shards_uploaded} uploaded, {split.shards - split.shards_uploaded} already there"
+                 if isinstance(split.root, str) else ""))
     print(f"done in {result.seconds:.1f} s; train with: trainfast train --data {result.root}")
     return 0

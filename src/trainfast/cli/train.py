@@ -14,6 +14,7 @@ from trainfast.cli.flags import (
     add_config_flags,
     add_on_bad_sample_flag,
     config_values,
+    data_root,
     open_data,
     positive_int,
     workers_arg,
@@ -40,6 +41,10 @@ EXAMPLES = """examples:
 
 --data DIR must hold DIR/train/<class>/<image> (and optionally DIR/val/<class>/<image>), or be a folder written
 by 'trainfast pack' (DIR/train/index.json and optionally DIR/val/index.json: fewer, larger files to read).
+--data may be the URL of a packed folder, s3://bucket/prefix or http(s)://host/prefix (pip install
+'trainfast[remote]'): each batch's samples are fetched by byte range at once; a request that fails is retried for
+up to $TRAINFAST_REMOTE_RETRY_S seconds (30), then the run stops with one line and its checkpoints intact.
+S3 credentials come from the usual AWS sources; another S3-compatible server with AWS_ENDPOINT_URL=http://host:port.
 precision, channels_last and --compile auto are confirmed by A/Bs on the first steps: the log and the JSON's
 precision / channels_last / compile blocks say what was chosen, with the measured step times.
 Each epoch's checkpoint is written in the background while the next epoch trains (training waits only to copy the
@@ -61,8 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("train", help="train a model with every speed practice on",
                        description="Train a reference model on an image folder (the demo dataset by default).",
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, default=None,
-                   help="image folder with train/ (and val/), or a 'trainfast pack' output; default: the demo dataset")
+    p.add_argument("--data", type=data_root, default=None,
+                   help="image folder with train/ (and val/), or a 'trainfast pack' output (a folder or its s3:// or "
+                        "http(s):// URL); default: the demo dataset")
     p.add_argument("--demo-size", choices=tuple(SIZES), default="quick", help="demo dataset size when --data is absent")
     p.add_argument("--model", choices=tuple(MODELS), default="convnet", help="reference model (default: convnet)")
     p.add_argument("--image-size", type=positive_int, default=64, help="training resolution in pixels (default: 64)")
@@ -108,7 +114,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         log.setLevel(max(log.level, logging.WARNING))
     if args.resume and not config.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir DIR (where last.pt is kept)")
-    root = args.data.expanduser() if args.data else ensure_demo_dataset(args.demo_size)
+    root = args.data if args.data else ensure_demo_dataset(args.demo_size)
     train_set, val_set = open_data(root, parser, image_size=args.image_size, on_bad_sample=args.on_bad_sample)
     if val_set is None:
         log.warning("no %s/val folder: training without validation (and without best.pt)", root)

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainfast.atomic import json_text, write_output
-from trainfast.cli.flags import add_on_bad_sample_flag, open_data, positive_int
+from trainfast.cli.flags import add_on_bad_sample_flag, data_root, open_data, positive_int
 from trainfast.data.models import MODELS, build_model
 from trainfast.data.packed import PackedImages
 from trainfast.data.splits import describe_packed
@@ -44,8 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                    "of the best, and only if it trains at least 3% faster than 'auto' in "
                                    "interleaved rounds.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", type=Path, default=None,
-                   help="image folder with train/, or a 'trainfast pack' output; default: the demo dataset")
+    p.add_argument("--data", type=data_root, default=None,
+                   help="image folder with train/, or a 'trainfast pack' output (a folder or its URL); default: the "
+                        "demo dataset")
     p.add_argument("--demo-size", choices=tuple(SIZES), default="quick", help="demo dataset size without --data")
     p.add_argument("--batch-size", type=positive_int, default=64, help="samples per batch (default: 64)")
     p.add_argument("--image-size", type=positive_int, default=64, help="training resolution (default: 64)")
@@ -61,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.budget_s <= 0:
         parser.error(f"--budget-s {args.budget_s} is not valid; give a positive number of seconds")
-    root = args.data.expanduser() if args.data else ensure_demo_dataset(args.demo_size)
+    root = args.data if args.data else ensure_demo_dataset(args.demo_size)
     dataset, _ = open_data(root, parser, image_size=args.image_size, on_bad_sample=args.on_bad_sample, val=False)
     try:
         device = resolve_device(args.device)

@@ -1,9 +1,11 @@
-"""`PackedImages`: the shards `trainfast pack` writes, read by offset from memory-mapped files.
+"""`PackedImages`: the shards `trainfast pack` writes, read by offset from memory-mapped files, or by byte range
+from a URL (`http(s)://`, `s3://`: see `trainfast.data.remote`).
 
 Each sample is the same `(uint8 CHW tensor, class index)` `ImageFolder` returns for the same options, through the
 same decode (`decode_image`): only where the JPEG bytes come from differs. Shards are opened lazily, once per
 shard and process (under a lock: loader threads share them); the maps are never pickled, so each DataLoader worker
-(fork or spawn) opens its own.
+(fork or spawn) opens its own. From a URL, a batch (`__getitems__`, which the loaders call) fetches all its samples'
+byte ranges at once, so it waits about one round-trip; memory holds only the batches in flight.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import mmap
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ import torch
 
 from trainfast.data.decode import CorruptImageError, decode_image, image_sample_bytes
 from trainfast.data.packing import INDEX_NAME, INDEX_VERSION, KEY_DIGITS, SHARD_PATTERN
+from trainfast.data.remote import DataRoot, ObjectStore, RemoteStorageError, check_scheme, is_url, join
 from trainfast.loader.prefetch import Normalize
 
 log = logging.getLogger("trainfast")
@@ -32,6 +36,10 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     class index)` pairs, with `ImageFolder`'s augmentation options (`image_size`, `train`, `decode`,
     `crop_scale`, `center_fraction`).
 
+    `root` may be a URL, `http(s)://host/prefix` or `s3://bucket/prefix` (the `remote` extra): `retry_s` bounds
+    the retries of a failing request (default `$TRAINFAST_REMOTE_RETRY_S`, else 30 s), then `RemoteStorageError`;
+    `storage_options` go to fsspec (s3: `endpoint_url`, `key`, `secret`, ...).
+
     The corrupt source images `pack` left out are listed in `pack_skipped` (path, why). `skipped` and
     `bad_samples` are 0: a sample that fails to decode here (a damaged shard) raises `CorruptImageError` naming
     the shard and key.
@@ -40,23 +48,32 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     normalize = Normalize()
 
     def __init__(self, root: str | Path, *, image_size: int = 64, train: bool = True, decode: str = "draft",
-                 crop_scale: tuple[float, float] = (0.35, 1.0), center_fraction: float = 0.875) -> None:
-        root = Path(root)
-        index_path = root / INDEX_NAME
-        if not index_path.is_file():
-            raise FileNotFoundError(f"{str(root)!r} has no {INDEX_NAME}; pack an image folder into it with "
-                                    f"'trainfast pack SRC {root}'")
+                 crop_scale: tuple[float, float] = (0.35, 1.0), center_fraction: float = 0.875,
+                 retry_s: float | None = None, storage_options: dict[str, Any] | None = None) -> None:
+        self._store: ObjectStore | None = None
+        if isinstance(root, str) and is_url(root):
+            self._store = ObjectStore(root, retry_s=retry_s, storage_options=storage_options)
+            root = self._store.url
+            index_text = self._read_index(root)
+        else:
+            check_scheme(str(root))
+            root = Path(root)
+            if not (root / INDEX_NAME).is_file():
+                raise FileNotFoundError(f"{str(root)!r} has no {INDEX_NAME}; pack an image folder into it with "
+                                        f"'trainfast pack SRC {root}'")
+            index_text = (root / INDEX_NAME).read_text()
+        index_path = join(root, INDEX_NAME)
         if decode not in ("draft", "full"):
             raise ValueError(f"decode={decode!r} is not valid; choose 'draft' or 'full'")
         if image_size < 8:
             raise ValueError(f"image_size={image_size} is too small; use 8 or more")
-        index = json.loads(index_path.read_text())
+        index = json.loads(index_text)
         if index.get("version") != INDEX_VERSION:
             raise ValueError(f"{str(index_path)!r} has format version {index.get('version')!r}; this trainfast reads "
                              f"version {INDEX_VERSION}: pack the images again")
         if not index["key"]:
             raise FileNotFoundError(f"{str(index_path)!r} lists no images")
-        self.root = root
+        self.root: DataRoot = root
         self.classes: list[str] = list(index["classes"])
         self.settings: dict[str, Any] = dict(index["settings"])
         self.pack_skipped: tuple[tuple[str, str], ...] = tuple((s["path"], s["why"]) for s in index["skipped"])
@@ -79,6 +96,16 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
+    def _read_index(self, root: str) -> str:
+        assert self._store is not None
+        try:
+            return self._store.read(INDEX_NAME).decode()
+        except RemoteStorageError as e:
+            if e.status == 404:  # no pack there: the same error as for a local folder
+                raise FileNotFoundError(f"{root!r} has no {INDEX_NAME} ({e.url}: 404 Not Found); pack an image "
+                                        f"folder into it with 'trainfast pack SRC {root}'") from e
+            raise
+
     def __len__(self) -> int:
         return len(self._keys)
 
@@ -99,7 +126,7 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     def path(self, index: int) -> str:
         """`<root>/shard-NNNNNN.tar:<key>.jpg`, the sample's place (for messages)."""
         shard = SHARD_PATTERN.format(int(self._shards[index]))
-        return f"{self.root / shard}:{int(self._keys[index]):0{KEY_DIGITS}d}.jpg"
+        return f"{join(self.root, shard)}:{int(self._keys[index]):0{KEY_DIGITS}d}.jpg"
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -122,6 +149,7 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         return mm
 
     def _open(self, shard: int) -> mmap.mmap:
+        assert isinstance(self.root, Path)
         path = self.root / SHARD_PATTERN.format(shard)
         with open(path, "rb") as f:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -133,8 +161,34 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         return mm
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if self._store is not None:
+            return self._fetch([index])[0]
         shard, offset, size = int(self._shards[index]), int(self._offsets[index]), int(self._sizes[index])
-        data = self._map(shard)[offset:offset + size]
+        return self._sample(index, self._map(shard)[offset:offset + size])
+
+    @property
+    def __getitems__(self) -> Callable[[list[int]], list[tuple[torch.Tensor, int]]]:
+        """A batch's samples (the loaders call it when the dataset has it): from a URL, one concurrent request of
+        all their byte ranges. A local pack has none (AttributeError), so the loaders read it per sample, as
+        before: an mmap read costs no round-trip to save."""
+        if self._store is None:
+            raise AttributeError("__getitems__")
+        return self._fetch
+
+    def _fetch(self, indices: list[int]) -> list[tuple[torch.Tensor, int]]:
+        assert self._store is not None
+        shards = [SHARD_PATTERN.format(int(self._shards[i])) for i in indices]
+        starts = [int(self._offsets[i]) for i in indices]
+        ends = [int(self._offsets[i] + self._sizes[i]) for i in indices]
+        datas = self._store.read_ranges(shards, starts, ends)
+        for i, shard, start, end, data in zip(indices, shards, starts, ends, datas, strict=True):
+            if len(data) != end - start:  # a shard shorter than its index says
+                raise CorruptImageError(f"{self.path(i)}: got {len(data)} of bytes {start}-{end - 1} of "
+                                        f"{join(self.root, shard)}; the shard is shorter than its index says: pack "
+                                        "the images again")
+        return [self._sample(i, data) for i, data in zip(indices, datas, strict=True)]
+
+    def _sample(self, index: int, data: bytes) -> tuple[torch.Tensor, int]:
         image = decode_image(io.BytesIO(data), self.path(index), image_size=self.image_size, train=self.train,
                              decode=self.decode, crop_scale=self.crop_scale, center_fraction=self.center_fraction)
         return image, int(self.targets[index])

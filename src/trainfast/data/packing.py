@@ -20,6 +20,10 @@ another file list refuses to mix them with the old shards.
 
 A write that fails (a full volume, a quota, permissions; see `trainfast.atomic.write_failure`) raises
 `PackWriteError`: the file, the bytes needed and free, the shards kept, and that a rerun finishes the pack.
+
+To an `s3://bucket/prefix` (`trainfast.data.remote`): the pack is made in a local staging folder as above (kept
+until the upload ends, so a rerun resumes there too), then each shard is uploaded, `index.json` last, so a reader
+never sees an index whose shards are not all there. A rerun skips the shards already uploaded with the right size.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import io
 import json
 import logging
 import math
+import shutil
 import sys
 import tarfile
 import time
@@ -42,8 +47,10 @@ from typing import Any, BinaryIO
 from PIL import Image
 
 from trainfast.atomic import TEMP_PREFIX, atomic_write, describe_write_failure, write_failure, write_json
+from trainfast.cache import cache_root
 from trainfast.data.decode import RESOURCE_ERRNOS
 from trainfast.data.images import list_images
+from trainfast.data.remote import DataRoot, ObjectStore, check_scheme
 from trainfast.host import available_cpus
 from trainfast.units import format_bytes
 
@@ -70,7 +77,7 @@ class PackResult:
     """What `pack` did. For a root with train/ and val/, the totals over the splits and each split's own result
     in `splits`."""
 
-    root: Path
+    root: DataRoot  # a folder, or the URL packed to
     samples: int  # images in the pack
     shards: int
     shards_written: int  # by this run; the rest were kept from an earlier run
@@ -78,6 +85,7 @@ class PackResult:
     skipped: tuple[tuple[str, str], ...]  # (source file, why) for each corrupt source image left out
     seconds: float
     splits: dict[str, PackResult] = dataclasses.field(default_factory=dict)
+    shards_uploaded: int = 0  # to a URL, by this run; the rest were there already with the right size
 
     @property
     def shards_kept(self) -> int:
@@ -90,14 +98,29 @@ def default_max_size(image_size: int | None) -> int:
 
 def pack(src: str | Path, dst: str | Path, *, max_size: int | None = None, quality: int = 90,
          shard_bytes: int = DEFAULT_SHARD_BYTES, workers: int | None = None, image_size: int | None = None,
-         progress: bool = True) -> PackResult:
+         progress: bool = True, staging: str | Path | None = None, retry_s: float | None = None,
+         storage_options: dict[str, Any] | None = None) -> PackResult:
     """Pack `src/<class>/<image>` (or `src/train/...` and `src/val/...`) into JPEG tar shards under `dst`.
 
     Each image is stored as a JPEG whose shorter side is at most `max_size` (default `round(1.15 * image_size)`
     when `image_size` is given, else 256; never upscaled; a JPEG already small enough is kept byte for byte).
     `shard_bytes` is the target shard size (estimated from a few encoded images). `workers` processes (default:
     the usable CPUs) write shards in parallel. A corrupt source image is logged, left out and listed in
-    `index.json` and the result. A rerun keeps the shards already written."""
+    `index.json` and the result. A rerun keeps the shards already written.
+
+    `dst` may be `s3://bucket/prefix`: packed in `staging` (default: a folder under the trainfast cache, removed
+    once uploaded), then uploaded shards first, index last; `retry_s` and `storage_options` as for
+    `ObjectStore`. An http(s):// `dst` is refused (read-only)."""
+    if isinstance(dst, str) and "://" in dst:
+        check_scheme(dst)
+        store = ObjectStore(dst, writable=True, retry_s=retry_s, storage_options=storage_options)
+        stage = Path(staging) if staging is not None else default_staging(store.url)
+        local = pack(src, stage, max_size=max_size, quality=quality, shard_bytes=shard_bytes, workers=workers,
+                     image_size=image_size, progress=progress)
+        uploaded = upload_pack(stage, store, local, progress=progress)
+        if staging is None:
+            shutil.rmtree(stage, ignore_errors=True)
+        return _at_url(local, store.url, uploaded)
     src, dst = Path(src), Path(dst)
     if not src.is_dir():
         raise FileNotFoundError(f"source folder {str(src)!r} does not exist; expected <src>/<class>/<image> "
@@ -126,6 +149,47 @@ def pack(src: str | Path, dst: str | Path, *, max_size: int | None = None, quali
                       bytes=sum(r.bytes for r in results.values()),
                       skipped=tuple(x for r in results.values() for x in r.skipped),
                       seconds=time.perf_counter() - start, splits=results)
+
+
+def default_staging(url: str) -> Path:
+    """Where a pack to `url` is made before its upload: one folder per URL under the trainfast cache."""
+    return cache_root() / "pack-staging" / hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
+def upload_pack(stage: Path, store: ObjectStore, result: PackResult, *, progress: bool = True) -> dict[str, int]:
+    """Upload the pack in `stage` (its splits, if any) to `store`: every shard that is not there with the same size,
+    then each split's index. An index already there that differs is removed first, so no reader pairs it with
+    the new shards. Returns the shards uploaded per split."""
+    splits = sorted(result.splits) if result.splits else [""]
+    uploaded: dict[str, int] = {}
+    for split in splits:
+        prefix = f"{split}/" if split else ""
+        index = (stage / split / INDEX_NAME).read_bytes()
+        if store.exists(prefix + INDEX_NAME) and store.read(prefix + INDEX_NAME) != index:
+            store.remove(prefix + INDEX_NAME)
+    for split in splits:
+        prefix = f"{split}/" if split else ""
+        shards = sorted((stage / split).glob("shard-*.tar"))
+        uploaded[split] = 0
+        for n, shard in enumerate(shards, 1):
+            if store.size(prefix + shard.name) != shard.stat().st_size:
+                store.write(prefix + shard.name, shard)
+                uploaded[split] += 1
+            if progress and sys.stderr.isatty():  # one line, rewritten; the summary says the rest
+                print(f"\rupload {store.url_of(prefix.rstrip('/'))}: {n}/{len(shards)} shards", end="",
+                      file=sys.stderr, flush=True)
+        if progress and sys.stderr.isatty():
+            print(file=sys.stderr, flush=True)
+    for split in splits:  # last: every shard of every split is there
+        prefix = f"{split}/" if split else ""
+        store.write(prefix + INDEX_NAME, stage / split / INDEX_NAME)
+    return uploaded
+
+
+def _at_url(local: PackResult, url: str, uploaded: dict[str, int]) -> PackResult:
+    """`local`, a pack made in a staging folder, as the pack at `url`."""
+    splits = {name: _at_url(r, f"{url}/{name}", {"": uploaded[name]}) for name, r in local.splits.items()}
+    return dataclasses.replace(local, root=url, splits=splits, shards_uploaded=sum(uploaded.values()))
 
 
 def _is_class_root(folder: Path) -> bool:
