@@ -42,7 +42,7 @@ from torch.utils.data import Dataset
 from trainfast.loader.auto import LoaderPlan
 from trainfast.loader.batches import EpochBatches, EpochLoader
 from trainfast.loader.faults import LoaderError, explain_failure
-from trainfast.loader.latency import FetchCounter, FetchStats, PoolGrowth
+from trainfast.loader.latency import FetchCounter, FetchStats, PoolGrowth, queued_s
 from trainfast.loader.prefetch import Normalize
 from trainfast.loader.seeding import thread_seeded
 
@@ -85,7 +85,7 @@ class ThreadLoader(EpochLoader):
     @property
     def fetch_stats(self) -> FetchStats:
         """Batches fetched since the loader was built, the wall and thread CPU seconds inside those fetches, and
-        the pool's size now."""
+        the pool's size now (and the seconds the threads waited for a CPU)."""
         return self._counter.stats(self.threads)
 
     def __iter__(self) -> Iterator[Any]:
@@ -119,7 +119,7 @@ class ThreadLoader(EpochLoader):
 
     def fetch(self, seed: int, indices: np.ndarray) -> Any:
         """One batch, as a loader thread makes it (callable from any thread; the global RNGs are not touched)."""
-        cpu0, wall0 = time.thread_time(), time.perf_counter()
+        queued0, cpu0, wall0 = queued_s(), time.thread_time(), time.perf_counter()
         try:
             with thread_seeded(seed):
                 try:
@@ -129,7 +129,7 @@ class ThreadLoader(EpochLoader):
                     raise
             return _pin(batch) if self.pin_memory else batch
         finally:
-            self._counter.add(time.perf_counter() - wall0, time.thread_time() - cpu0)
+            self._counter.add(time.perf_counter() - wall0, time.thread_time() - cpu0, queued_s() - queued0)
 
     def _samples(self, indices: list[int]) -> list[Any]:
         getitems = getattr(self.dataset, "__getitems__", None)
