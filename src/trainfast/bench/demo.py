@@ -52,7 +52,7 @@ def demo_device(device: torch.device | None = None) -> torch.device:
 
 def run_trainfast(spec: DemoSpec, root: Path, batches_per_epoch: int, *, decode: str = "draft",
                   channels_last: bool | str = "auto", precision: str = "auto",
-                  compile_model: bool | str = False, backend: Backend = "processes",
+                  compile_model: bool | str = False, backend: Backend = "auto",
                   device: torch.device | None = None) -> RunStats:
     """Everything auto; `decode`, `channels_last` and `precision` can be turned back, and compile on or the
     training loader's workers made threads (`backend`), to see what each practice earns. `device`: default
