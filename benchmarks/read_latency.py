@@ -66,6 +66,7 @@ def train(dataset: Dataset[Any], epochs: int, chosen: dict[str, Any], name: str)
     config = TrainConfig(epochs=epochs, warmup_steps=10, seed=0, cpu_threads="auto", progress=False, device="cpu")
     result = Trainer(model, config=config).fit(loader)
     plan = loader.plan
+    assert plan is not None  # make_loader's loaders always carry their plan
     stats = loader.fetch_stats if isinstance(loader, ThreadLoader) else None
     chosen.setdefault(name, []).append({
         "backend": plan.backend, "workers": plan.num_workers, "loader_cores": plan.loader_cores,
