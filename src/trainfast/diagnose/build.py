@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from trainfast.diagnose import measured, monitored, noise
-from trainfast.diagnose.classify import classify
+from trainfast.diagnose.classify import DATA_WAIT_BOUND, classify
 from trainfast.diagnose.evidence import Evidence
 from trainfast.diagnose.instrument import Instrumentation, Observations
 from trainfast.diagnose.mfu import compute_entry, with_peak
@@ -51,6 +51,8 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
     compute = compute_entry(instrumentation, records)
     if verdict is not None:
         verdict = with_peak(verdict, compute, device)
+        if verdict.name == "input-bound" and evidence.workers is not None and timeline.input_source != "script":
+            verdict = replace(verdict, reason=f"{verdict.reason}; {evidence.workers.phrase()}")
         evidence = replace(evidence, verdict=verdict.name)
     if timeline.evaluation_steps:
         how = ("batches fetched with gradients off" if timeline.loader_fed else
@@ -70,7 +72,8 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
                      "first forward (input prepared in the loop), and samples are counted from the model's input")
     spread = noise.spread(records)
     contention = noise.contention(monitor, timeline.measure_started_monotonic)
-    notes.extend(noise.noise_notes(spread, contention))
+    notes.extend(noise.noise_notes(spread, contention, waiting_workers=evidence.workers is not None
+                                   and evidence.workers.wait and fractions.data_wait > DATA_WAIT_BOUND))
     recommendations = recommend(evidence) if records else []
     notes.extend(not_offered(evidence))
     probe = evidence.thread_probe
@@ -118,4 +121,5 @@ def _observed_json(evidence: Evidence, observed: Observations, *, gpu_util: floa
         "jpeg_decoded_pixels_median": evidence.jpeg_decoded_pixels,
         "thread_probe": {"threads": probe[0], "compute_slowdown": probe[1]} if probe else None,
         "trials": evidence.trials.to_json() if evidence.trials is not None else None,
+        "workers": evidence.workers.to_json() if evidence.workers is not None else None,
     }

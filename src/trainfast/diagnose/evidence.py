@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,11 @@ class LoaderStats:
     batches: int = 0
     evaluation_batches: int = 0  # fetched with gradients off: validation, not training
     wait_s: float = 0.0
+    # CPU and wall time inside the batches where the doctor can see them: made in the main thread (no workers), or
+    # by a thread-backed loader's threads (its `fetch_stats`); 0 for worker processes (the OS says: workers.py)
+    fetch_cpu_s: float = 0.0
+    fetch_wall_s: float = 0.0
+    fetch_queued_s: float = 0.0  # made in the main thread: the time it waited for a core meanwhile (Linux)
     epochs: int = 0
     startup_s: list[float] = field(default_factory=list)  # iter() to first batch, per epoch
     batch_bytes: int | None = None
@@ -37,9 +43,16 @@ class LoaderStats:
                 "prefetch_factor": self.prefetch_factor, "batch_size": self.batch_size, "in_memory": self.in_memory,
                 "decode": self.decode, "batches_per_epoch": self.batches_per_epoch, "batches": self.batches,
                 "evaluation_batches": self.evaluation_batches,
-                "wait_s": self.wait_s, "epochs": self.epochs,
+                "wait_s": self.wait_s, "fetch_cpu_s": self.fetch_cpu_s,
+                "fetch_wall_s": self.fetch_wall_s, "fetch_queued_s": self.fetch_queued_s, "epochs": self.epochs,
                 "startup_s": list(self.startup_s), "batch_bytes": self.batch_bytes,
                 "image_hw": list(self.image_hw) if self.image_hw else None}
+
+
+def main_loader(loaders: Sequence[LoaderStats]) -> LoaderStats | None:
+    """The training loader the steps waited on most (validation loaders, fetched without gradients, excluded)."""
+    training = [s for s in loaders if s.batches > s.evaluation_batches]
+    return max(training, key=lambda s: s.wait_s, default=None)
 
 
 @dataclass(frozen=True)
@@ -82,6 +95,8 @@ class Evidence:
     trials: Any = None
     parameter_dtypes: frozenset[str] = frozenset()  # floating dtypes of the trained parameters
     cycle: str | None = None  # "whole"/"partial": the loop collects between updates (timeline.py)
+    # how the training loader's workers spent the measured steps (workers.py `WorkerTime`); None: not measured
+    workers: Any = None
 
     @property
     def scaler_skip_fraction(self) -> float | None:

@@ -31,14 +31,15 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from time import perf_counter
+from time import perf_counter, thread_time
 from typing import Any
 
 import torch
 from PIL import ImageFile
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data._utils.fetch import _IterableDatasetFetcher, _MapDatasetFetcher
 
 from trainfast.diagnose.devicetime import DeviceTimer
 from trainfast.diagnose.evidence import LoaderStats
@@ -46,9 +47,11 @@ from trainfast.diagnose.ledger import Ledger
 from trainfast.diagnose.loaders import batch_info, describe_loader
 from trainfast.diagnose.models import batch_axis, root_modules
 from trainfast.diagnose.timeline import Timeline, _earliest, _Step
+from trainfast.diagnose.worker_clock import RunDelay, WorkerClock, WorkerTotals
 from trainfast.dynamo import dynamo_counts
 from trainfast.flops import FlopCounter
 from trainfast.loader.memory import TensorLoader
+from trainfast.loader.threads import ThreadLoader
 from trainfast.samples import batch_samples, first_leaf
 
 # First scans for the model that may find none before one counts (each walks the GC's objects, ~0.1 s)
@@ -74,6 +77,9 @@ class Observations:
     dynamo_at_start: dict[str, int] = field(default_factory=dict)
     dynamo_at_warmup: dict[str, int] = field(default_factory=dict)
     dynamo_at_end: dict[str, int] = field(default_factory=dict)
+    # the loader workers' own account of their batches (worker_clock.py) when the warm-up and the measured steps ended
+    workers_at_warmup: WorkerTotals | None = None
+    workers_at_end: WorkerTotals | None = None
     jpeg_decoded_pixels: list[int] = field(default_factory=list)
     syncs: int = 0
     threads: int = 0  # torch intra-op threads when training started
@@ -120,8 +126,10 @@ def _torch_caller(frame: Any) -> bool:
 class _TimedIterator:
     """Wraps a loader's iterator: times each `next()`; everything else passes through."""
 
-    def __init__(self, it: Iterator[Any], stats: LoaderStats, inst: Instrumentation, started: float) -> None:
+    def __init__(self, it: Iterator[Any], stats: LoaderStats, inst: Instrumentation, started: float,
+                 threads: Any = None) -> None:
         self._it, self._stats, self._inst, self._started = it, stats, inst, started
+        self._threads = threads  # a ThreadLoader: its threads time their batches themselves
         self._first = True
 
     def __iter__(self) -> _TimedIterator:
@@ -131,14 +139,23 @@ class _TimedIterator:
         inst = self._inst
         if inst.scanning:
             inst.discover("batch")
-        asked = perf_counter()
+        stats = self._stats
+        queued = inst.run_delay.ns() if not stats.num_workers else 0
+        asked, cpu = perf_counter(), thread_time()
         inst.fetching = True  # forwards inside the dataset (a transform module) are not the model's
         try:
             batch = next(self._it)
         finally:
             inst.fetching = False
         got = perf_counter()
-        stats = self._stats
+        threads = self._threads
+        if threads is not None:  # a thread-backed loader's own account of its threads' batches
+            made = threads.fetch_stats
+            stats.fetch_cpu_s, stats.fetch_wall_s = made.cpu_s, made.wall_s
+        elif not stats.num_workers:  # made in this thread: its CPU time tells reading from working (workers.py)
+            stats.fetch_cpu_s += thread_time() - cpu
+            stats.fetch_wall_s += got - asked
+            stats.fetch_queued_s += (inst.run_delay.ns() - queued) / 1e9
         ledger = inst.ledger
         first = self._first
         if first:
@@ -198,6 +215,8 @@ class Instrumentation:
         self._by_loader: dict[int, LoaderStats] = {}
         self._keep_alive: list[Any] = []  # loaders described: their id() must stay unique while measuring
         self._undo: list[Callable[[], None]] = []
+        self.worker_clock = WorkerClock()  # loader workers forked while measuring time their batches into it
+        self.run_delay = RunDelay()  # this thread's time waiting for a core, around the batches it makes itself
         self._roots: dict[int, int] = {}  # id of each root module -> where the batch is in its input
         self._root_refs: weakref.WeakValueDictionary[int, nn.Module] = weakref.WeakValueDictionary()
         self._discovered_on: set[str] = set()
@@ -242,6 +261,7 @@ class Instrumentation:
         self.timeline.finish()  # the last step, waiting for an iteration that will not come
         if not self.observed.dynamo_at_end:  # the measured steps ended with the run (no step limit, or too few)
             self.observed.dynamo_at_end = dynamo_counts()
+            self.observed.workers_at_end = self.worker_clock.totals()
         observed = self.observed
         if observed.flop_counter is not None:  # the run ended inside the counted step: a part of a step is no count
             observed.flop_counter.stop()
@@ -277,11 +297,13 @@ class Instrumentation:
                 if stats.epochs == 0:
                     self._keep_alive.append(loader)
                 stats.epochs += 1
-                return _TimedIterator(it, stats, self, started)
+                return _TimedIterator(it, stats, self, started, loader if isinstance(loader, ThreadLoader) else None)
             return timed_iter
 
-        for owner in (DataLoader, TensorLoader):
+        for owner in (DataLoader, TensorLoader, ThreadLoader):
             self._patch(owner, "__iter__", wrap_iter(owner.__iter__))
+        for fetcher in (_MapDatasetFetcher, _IterableDatasetFetcher):  # inherited by workers forked from here on
+            self._patch(fetcher, "fetch", self._timed_fetch(fetcher.fetch))
 
         def step_begins(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             timeline._in_optimizer = True  # (timeline.optimizer_step_begins, inlined: ~0.3 us a step)
@@ -335,6 +357,16 @@ class Instrumentation:
                 self._patch(torch.Tensor, name, self._timed_copy(getattr(torch.Tensor, name), destination))
         self._observe_precision_and_compile()
 
+    def _timed_fetch(self, original: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        clock = self.worker_clock
+
+        def fetch(fetcher: Any, index: Any) -> Any:
+            if get_worker_info() is None:  # the main process: its batches are timed where the loop asks for them
+                return original(fetcher, index)
+            with clock.timed():
+                return original(fetcher, index)
+        return fetch
+
     def end_step(self) -> None:
         """End a step now: for callers that define steps themselves (`Timeline(explicit_steps=True)`)."""
         self._work_done()
@@ -357,8 +389,10 @@ class Instrumentation:
                         step.samples or step.forward_samples, step.opening)
         if not observed.dynamo_at_warmup and timeline.measuring:
             observed.dynamo_at_warmup = dynamo_counts()
+            observed.workers_at_warmup = self.worker_clock.totals()
         if measured and not observed.dynamo_at_end and timeline.phases[0].done:
             observed.dynamo_at_end = dynamo_counts()
+            observed.workers_at_end = self.worker_clock.totals()
         if self.scanning:
             self.discover("step")
         if self.events is not None:

@@ -11,6 +11,7 @@ from torch.utils.data import ConcatDataset, Subset, TensorDataset
 
 from trainfast.diagnose.evidence import LoaderStats
 from trainfast.loader.memory import TensorLoader
+from trainfast.loader.threads import ThreadLoader
 from trainfast.samples import first_leaf
 
 
@@ -38,7 +39,7 @@ def batch_info(batch: Any) -> tuple[int, tuple[int, int] | None]:
 
 
 def describe_loader(loader: Any, index: int) -> LoaderStats:
-    """Settings of a torch DataLoader, a trainfast Loader's inner DataLoader, or a TensorLoader."""
+    """Settings of a torch DataLoader, a trainfast Loader's inner DataLoader, a ThreadLoader or a TensorLoader."""
     try:
         per_epoch: int | None = len(loader)
     except TypeError:  # an IterableDataset without __len__
@@ -47,6 +48,12 @@ def describe_loader(loader: Any, index: int) -> LoaderStats:
         return LoaderStats(index=index, kind="trainfast TensorLoader", dataset="tensors in memory", num_workers=0,
                            pin_memory=loader.pin_memory, persistent_workers=False, prefetch_factor=None,
                            batch_size=loader.batch_size, in_memory=True, decode=None, batches_per_epoch=per_epoch)
+    if isinstance(loader, ThreadLoader):
+        return LoaderStats(index=index, kind="trainfast ThreadLoader (threads)", dataset=_dataset_name(loader.dataset),
+                           num_workers=loader.threads, pin_memory=loader.pin_memory, persistent_workers=False,
+                           prefetch_factor=loader.prefetch_factor, batch_size=loader.batch_size,
+                           in_memory=_tensors_in_memory(loader.dataset), decode=getattr(loader.dataset, "decode", None),
+                           batches_per_epoch=per_epoch)
     dataset = loader.dataset
     kind, batch_size = "DataLoader", loader.batch_size
     inner = getattr(dataset, "dataset", None)

@@ -12,6 +12,8 @@ from trainfast.diagnose.evidence import Evidence
 from trainfast.diagnose.instrument import Instrumentation, Observations
 from trainfast.diagnose.monitored import worker_private_growth
 from trainfast.diagnose.timeline import StepRecord, Timeline
+from trainfast.diagnose.worker_clock import WorkerTotals
+from trainfast.diagnose.workers import of_training
 from trainfast.dynamo import dynamo_counts
 from trainfast.host import available_cpus
 from trainfast.monitor import Monitor, percentile
@@ -53,7 +55,15 @@ def evidence_of(timeline: Timeline, instrumentation: Instrumentation, records: l
         thread_probe=observed.trials.thread_probe() if observed.trials is not None else None,
         input_source=timeline.input_source,
         compute_s=statistics.median(r.compute_s for r in records) if records else 0.0,
-        trials=observed.trials, parameter_dtypes=frozenset(observed.parameter_dtypes), cycle=timeline.cycle)
+        trials=observed.trials, parameter_dtypes=frozenset(observed.parameter_dtypes), cycle=timeline.cycle,
+        workers=of_training(instrumentation.loaders, monitor, timeline.measure_started_monotonic,
+                            timeline.measure_ended_monotonic, _clock_window(observed)))
+
+
+def _clock_window(observed: Observations) -> WorkerTotals | None:
+    """The worker processes' own account of their batches over the measured steps (worker_clock.py)."""
+    start, end = observed.workers_at_warmup, observed.workers_at_end
+    return end.since(start) if start is not None and end is not None else None
 
 
 def device_of(observed: Observations) -> str:

@@ -53,12 +53,17 @@ def contention(monitor: Monitor | None, measuring_from: float | None) -> dict[st
             "samples": len(others), "own_cores_busy_mean": statistics.fmean(own)}
 
 
-def noise_notes(spread: dict[str, float] | None, contention: dict[str, Any] | None) -> list[str]:
+def noise_notes(spread: dict[str, float] | None, contention: dict[str, Any] | None, *,
+                waiting_workers: bool = False) -> list[str]:
+    """The spread and contention notes. `waiting_workers`: the loop waits on loader workers that wait on reads;
+    batches then arrive as the reads finish, a few at once, and steps alternate short and long by design."""
     notes = []
     if spread and spread["p50"] > 0 and spread["p90"] > NOISY_SPREAD * spread["p50"]:
+        why = (" because the batches arrive as the workers' reads finish, several at once and then none: the split's "
+               "shares are over all the measured steps" if waiting_workers else
+               ": the figures are unreliable; measure more steps (--steps) on a quieter machine")
         notes.append(f"step times vary widely (p10 {spread['p10'] * 1e3:.1f} ms, p50 {spread['p50'] * 1e3:.1f} ms, "
-                     f"p90 {spread['p90'] * 1e3:.1f} ms): the figures are unreliable; measure more steps "
-                     "(--steps) on a quieter machine")
+                     f"p90 {spread['p90'] * 1e3:.1f} ms){why}")
     if contention and contention["other_cores_busy_mean"] >= CONTENTION_CORES:
         siblings = contention.get("sibling_cores_busy_mean")
         who = (f"other processes (not counting this job's other ranks here, {siblings:.1f} cores)" if siblings

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainfast.diagnose.classify import DATA_WAIT_BOUND, HOST_BOUND, REPLAY_POSSIBLE
-from trainfast.diagnose.evidence import Evidence, LoaderStats
+from trainfast.diagnose.evidence import Evidence, LoaderStats, main_loader
 from trainfast.diagnose.probe import MARGIN
 from trainfast.units import MIB, format_bytes
 
@@ -42,6 +42,11 @@ DRAFT_DECODE_SAVING = 0.45
 SHM_MARGIN = 2
 # A fix estimated below this is within the noise of a re-measurement: not worth proposing.
 MIN_GAIN = 1.02
+# Most worker processes proposed for workers that wait: each forked worker costs ~60 ms to start and its own
+# interpreter's memory; past this, threads in one process (trainfast.make_loader) hide the latency more cheaply.
+MAX_WAITING_WORKERS = 64
+# Workers queued for a core this share of their time take turns on the cores: fewer of them is worth saying.
+QUEUED_CONTEND = 0.2
 
 
 @dataclass(frozen=True)
@@ -81,9 +86,7 @@ def _speedup_of_part(share: float, factor: float) -> float:
 
 
 def _main_loader(e: Evidence) -> LoaderStats | None:
-    """The training loader the steps waited on most (validation loaders, fetched without gradients, excluded)."""
-    training = [s for s in e.loaders if s.batches > s.evaluation_batches]
-    return max(training, key=lambda s: s.wait_s, default=None)
+    return main_loader(e.loaders)
 
 
 def num_workers(e: Evidence) -> Recommendation | None:
@@ -94,6 +97,8 @@ def num_workers(e: Evidence) -> Recommendation | None:
         return None  # the loader alone is far faster than training: its wait is jitter, not throughput
     wait, compute = e.fractions.data_wait * e.step_s, (1 - e.fractions.data_wait) * e.step_s
     k0 = loader.num_workers
+    if e.workers is not None and e.workers.wait:
+        return _overlap_waits(e, loader, wait, compute)
     # Time one worker needs per batch: with k0 workers the loader delivers a batch every wait+compute.
     per_batch = wait if k0 == 0 else k0 * (wait + compute)
     cap = e.cpus - 1 if e.device == "cuda" else e.cpus  # one core stays with the process feeding the GPU
@@ -136,12 +141,63 @@ def num_workers(e: Evidence) -> Recommendation | None:
         basis_reason=None if measured else f"the model step at {proposed} thread(s) could not be timed; {VERIFY_IT}")
 
 
+def _overlap_waits(e: Evidence, loader: LoaderStats, wait: float, compute: float) -> Recommendation | None:
+    """Batches whose making mostly waits (on storage, a network): as many in flight as the step needs (Little's
+    law: in flight = rate x the time a batch takes), beyond the cores, up to where the CPU becomes the limit."""
+    workers, k0, step = e.workers, loader.num_workers, wait + compute
+    # measured inside the workers where they could time themselves; else, input-bound, k0 workers deliver one batch
+    # per step, so each spends k0 steps on one; without workers the main thread makes each batch in the step's wait
+    per_batch = workers.batch_s or (k0 * step if k0 else wait)
+    cpu_per_batch = workers.busy * per_batch
+    if e.device == "cpu":  # the workers' CPU and the model step's (at most its threads busy) share the cores
+        floor = (cpu_per_batch + compute * min(e.threads, e.cpus)) / e.cpus
+    else:  # one core stays with the process feeding the GPU
+        floor = cpu_per_batch / max(1, e.cpus - 1)
+    target = max(compute, floor)
+    k = min(MAX_WAITING_WORKERS, max(k0 + 1, math.ceil(per_batch / target)))
+    new_step = max(target, per_batch / k)
+    gain = step / new_step
+    if gain < MIN_GAIN:
+        return None
+    limit = ("the model step" if target == compute else
+             f"the CPU: the workers' {cpu_per_batch * 1e3:.1f} ms of CPU per batch and the model step's share the "
+             f"{e.cpus} core(s)")
+    prefetch = loader.prefetch_factor or 2
+    memory = (f" = {format_bytes(k * prefetch * loader.batch_bytes)}" if loader.batch_bytes else "")
+    threads = loader.kind.startswith("trainfast ThreadLoader")
+    made = ("timed inside the workers" if workers.batch_s else
+            f"so {k0} deliver one every {step * 1e3:.1f} ms" if k0 else "made in the main thread, one at a time")
+    capped = (f" (capped at {MAX_WAITING_WORKERS}: trainfast.make_loader's threads hide more latency per process)"
+              if k == MAX_WAITING_WORKERS else "")
+    what = "threads" if threads else "worker processes"
+    fix = (f"trainfast.make_loader(dataset, batch_size, workers={k}, backend='threads')" if threads else
+           f"DataLoader(..., num_workers={k}, persistent_workers=True)  # workers that wait need no core each; or "
+           "trainfast.make_loader(dataset, batch_size), which raises its concurrency for reads that wait")
+    return Recommendation(
+        "num_workers", f"Load batches in {k} {what} (now {k0}): the reads wait",
+        f"the loop waits {e.fractions.data_wait:.0%} of each step for loader #{loader.index} ({loader.dataset}, "
+        f"{k0} {what}), and making a batch mostly waits on reads or other I/O: busy {workers.busy:.0%} of the time "
+        f"(measured by {workers.source}). A batch takes ~{per_batch * 1e3:.0f} ms, {made}; by Little's law, a batch "
+        f"every {new_step * 1e3:.1f} ms (limited by {limit}) needs ~{per_batch / new_step:.1f} batches in flight: "
+        f"{k} {what}{capped}, using ~{k * workers.busy:.1f} core(s) between them; memory in flight: {k} x "
+        f"{prefetch} batches{memory}",
+        fix, gain, overrides=None if threads else {"num_workers": k, "persistent_workers": True},
+        gain_basis="measured")
+
+
+def _workers_contend(e: Evidence) -> bool:
+    """The loader's workers take turns on the cores: queued for one a good part of their time, or not measured
+    (then assumed, as before the OS was asked)."""
+    w = e.workers
+    return w is None or (w.queued if w.queued is not None else w.busy) >= QUEUED_CONTEND
+
+
 def fewer_workers(e: Evidence) -> Recommendation | None:
     """More loader workers than cores to run them: they take turns, and on the CPU they take the model step's."""
     loader = _main_loader(e)
     cap = max(1, e.cpus - 1) if e.device == "cuda" else e.cpus
-    if loader is None or loader.num_workers <= cap:
-        return None
+    if loader is None or loader.num_workers <= cap or not _workers_contend(e):
+        return None  # workers that wait (or sit idle) hold no core: there are no turns to take
     return Recommendation(
         "num_workers", f"Load batches in {cap} worker process(es) (now {loader.num_workers})",
         f"loader #{loader.index} runs {loader.num_workers} workers on {e.cpus} usable CPU(s)"
@@ -155,8 +211,8 @@ def fewer_workers(e: Evidence) -> Recommendation | None:
 def cpu_threads(e: Evidence) -> Recommendation | None:
     """Workers and intra-op threads oversubscribing the cores when the model trains on the CPU."""
     workers = sum(s.num_workers for s in e.loaders)
-    if e.device != "cpu" or workers == 0 or e.threads + workers <= e.cpus:
-        return None
+    if e.device != "cpu" or workers == 0 or e.threads + workers <= e.cpus or (e.workers is not None and e.workers.wait):
+        return None  # (workers that mostly wait seldom hold a core the step's threads need)
     chosen = max(1, e.cpus - workers)
     if chosen >= e.threads:
         return None  # as few threads as there can be already: the workers alone oversubscribe the cores
@@ -500,7 +556,7 @@ def why_no_input_fix(e: Evidence, recommendations: Sequence[Recommendation]) -> 
     if loader is None:
         return (f"no input-side fix to propose: no DataLoader fed training, so the loop prepares its batches itself "
                 f"between steps; move that work into a DataLoader with workers, or {cheaper}")
-    if loader.num_workers >= e.cpus - (e.device == "cuda"):
+    if loader.num_workers >= e.cpus - (e.device == "cuda") and not (e.workers is not None and e.workers.wait):
         return (f"no input-side fix to propose: loader #{loader.index} already runs {loader.num_workers} worker(s) "
                 f"on {e.cpus} usable CPU(s), so more workers would only share the same cores; {cheaper}")
     return f"no input-side fix to propose from what was measured; {cheaper}"

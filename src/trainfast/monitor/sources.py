@@ -34,6 +34,19 @@ log = logging.getLogger("trainfast.monitor")
 # no copy-on-read figure rather than a wrong one.
 PRIVATE_CPU_SHARE = 0.01
 _SMAPS_ROLLUP = os.path.exists(f"/proc/{os.getpid()}/smaps_rollup")
+_SCHEDSTAT = os.path.exists(f"/proc/{os.getpid()}/schedstat")
+
+
+def _run_delay_s(pid: int) -> float | None:
+    """Seconds process `pid`'s main thread has spent runnable but waiting for a core (the kernel's run-queue delay,
+    second field of /proc/<pid>/schedstat); None where the kernel does not keep it or the process is gone."""
+    if not _SCHEDSTAT:
+        return None
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as stat:
+            return int(stat.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _private_bytes(pid: int) -> float:
@@ -87,7 +100,10 @@ class PsutilSource:
     Metrics: `cpu.percent` (mean over cores) and `cpu{i}.percent` per core (unless `per_core=False`),
     `ram.used_bytes`, `ram.percent`, `proc.cpu_percent` (100 = one core busy, so it can exceed 100),
     `proc.rss_bytes`, and over the descendants `workers.count`, `workers.cpu_percent` (sum),
-    `workers.rss_bytes` (sum), `workers.max_rss_bytes`, `workers.private_bytes` (sum) and `workers.started`.
+    `workers.rss_bytes` (sum), `workers.max_rss_bytes`, `workers.private_bytes` (sum), `workers.started` and
+    `workers.queued_percent` (sum: the time the workers were runnable but waiting for a core, Linux's schedstat).
+    With `workers.cpu_percent` it tells workers that compute (CPU), that wait for a core (queued) and that wait on
+    something else (the rest of their time: a read from storage, a lock, the next index).
 
     Percentages are over the time since the previous sample (the first covers the time since construction).
     Descendants that are helpers, not workers, are left out (`HELPERS`: multiprocessing's resource tracker, which
@@ -120,6 +136,7 @@ class PsutilSource:
         # psutil.Process objects kept by pid across samples: cpu_percent() measures since the previous call
         # on the same object, so a fresh object per sample would always read 0.0.
         self._children: dict[int, psutil.Process] = {}
+        self._queued: dict[int, tuple[float, float]] = {}  # pid -> (time.monotonic(), run delay s) at the last sample
         self._helpers: dict[int, psutil.Process] = {}  # descendants left out (HELPERS), by pid: read once
         self._started = 0
         self._private_due = 0.0  # time.monotonic() from which the next `workers.private_bytes` pass may run
@@ -162,7 +179,8 @@ class PsutilSource:
 
     def _sample_children(self, children: list[psutil.Process], out: dict[str, float]) -> None:
         alive: dict[int, psutil.Process] = {}
-        cpu_sum = rss_sum = rss_max = 0.0
+        cpu_sum = rss_sum = rss_max = queued_sum = 0.0
+        queued_known = _SCHEDSTAT
         for child in children:
             if self._is_helper(child):
                 continue
@@ -182,18 +200,38 @@ class PsutilSource:
             if proc is not known:  # first read of this process (a new pid, or a recycled one)
                 self._started += 1
             alive[child.pid] = proc
+            queued = self._queued_percent(child.pid, fresh=proc is not known)
+            if queued is None:
+                queued_known = False
+            else:
+                queued_sum += queued
             cpu_sum += cpu
             rss_sum += rss
             rss_max = max(rss_max, rss)
         self._children = alive  # forget the ones that are gone
+        self._queued = {pid: q for pid, q in self._queued.items() if pid in alive}
         out["workers.count"] = float(len(alive))
         out["workers.cpu_percent"] = cpu_sum
         out["workers.rss_bytes"] = rss_sum
         out["workers.max_rss_bytes"] = rss_max
         out["workers.started"] = float(self._started)
+        if queued_known:
+            out["workers.queued_percent"] = queued_sum
         private = self._workers_private(alive.values()) if alive else None
         if private is not None:
             out["workers.private_bytes"] = private
+
+    def _queued_percent(self, pid: int, fresh: bool) -> float | None:
+        """Run-queue delay of worker `pid` since the previous sample, in % of that time (0.0 on its first sample,
+        as its CPU figure); None when it cannot be read."""
+        delay, now = _run_delay_s(pid), time.monotonic()
+        if delay is None:
+            return None
+        before = None if fresh else self._queued.get(pid)
+        self._queued[pid] = (now, delay)
+        if before is None or now <= before[0]:
+            return 0.0
+        return max(0.0, 100.0 * (delay - before[1]) / (now - before[0]))
 
     def _is_helper(self, child: psutil.Process) -> bool:
         """A helper process (HELPERS), judged once per process from its command line (~20 us to read)."""

@@ -1,0 +1,46 @@
+"""The doctor on loader workers that wait on reads (a Dataset whose every read sleeps, as on object storage) and on
+workers busy computing: the OS's CPU time per worker tells them apart, and only the waiting ones get more workers
+than cores (Little's law); neither is told "fewer workers"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainfast.diagnose import run_doctor
+
+SCRIPT = Path(__file__).parent / "scripts" / "waiting_reads.py"
+
+
+def doctor(*args: str) -> dict[str, Any]:
+    run = run_doctor(str(SCRIPT), args=["--batch-size", "8", "--samples", "4096", *args], steps=40, warmup=5,
+                     max_seconds=60.0, monitor_interval_s=0.1, probe_gains=False)
+    report: dict[str, Any] = run.report.to_json()
+    assert run.exit_code == 0, run.error
+    return report
+
+
+@pytest.mark.slow
+def test_workers_that_wait_on_reads_get_more_workers_than_cores() -> None:
+    report = doctor("--workers", "2", "--latency-ms", "20")  # a batch: 8 reads of 20 ms in one worker
+    workers = report["observed"]["workers"]
+    assert workers is not None and workers["wait"] and workers["busy"] < 0.3, workers
+    assert workers["batch_s"] == pytest.approx(0.16, rel=0.5)  # timed inside the workers
+    assert report["verdict"] == "input-bound", report["fractions"]
+    assert "wait on reads" in report["verdict_reason"]
+    top = report["recommendations"][0]
+    assert top["id"] == "num_workers" and top["gain_basis"] == "measured", top
+    assert top["overrides"]["num_workers"] > 2 and "Little's law" in top["why"]  # beyond the 2 cores
+    assert not any(r["id"] == "cpu_threads" for r in report["recommendations"])
+    assert not any("would only share the same cores" in n for n in report["notes"])
+
+
+@pytest.mark.slow
+def test_workers_busy_computing_are_told_apart() -> None:
+    report = doctor("--workers", "2", "--latency-ms", "0", "--work-ms", "3")
+    workers = report["observed"]["workers"]
+    assert workers is not None and not workers["wait"] and workers["busy"] + (workers["queued"] or 0) > 0.5, workers
+    assert "the workers themselves" in workers["source"]  # not the OS's per-process figures, which count idle time
+    assert all("Little's law" not in r["why"] for r in report["recommendations"])
