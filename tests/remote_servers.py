@@ -137,6 +137,7 @@ class Faults:
 def static_app(root: Path) -> WSGIApp:
     """Files under `root` by GET/HEAD, with Range requests (206) as object stores serve them."""
     from werkzeug.wrappers import Request, Response
+    from werkzeug.wsgi import wrap_file
 
     base = root.resolve()
 
@@ -145,9 +146,10 @@ def static_app(root: Path) -> WSGIApp:
         path = (base / request.path.lstrip("/")).resolve()
         if base not in path.parents or not path.is_file():
             return Response("not found", status=404)
-        data = path.read_bytes()
-        response = Response(data, mimetype="application/octet-stream")
-        return response.make_conditional(request, accept_ranges=True, complete_length=len(data))
+        size = path.stat().st_size
+        body = wrap_file(request.environ, open(path, "rb"))  # noqa: SIM115  (closed by the server after the reply)
+        response = Response(body, mimetype="application/octet-stream", direct_passthrough=True)
+        return response.make_conditional(request, accept_ranges=True, complete_length=size)  # seeks for a Range
 
     return app  # type: ignore[no-any-return]
 
