@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,21 @@ def test_memory_names_total_and_available(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(psutil, "virtual_memory", unsupported)
     assert host.memory() == host.Memory(None, None)
+
+
+def test_queued_s_is_per_thread_and_leaks_no_descriptor() -> None:
+    import threading
+
+    from trainfast.host import QUEUE_KNOWN, queued_s
+
+    first = queued_s()
+    assert first >= 0.0 and queued_s() >= first  # a running total
+    if not QUEUE_KNOWN:
+        assert first == 0.0
+        return
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):  # each thread opens its own file, closed when it ends
+        thread = threading.Thread(target=queued_s)
+        thread.start()
+        thread.join()
+    assert len(os.listdir("/proc/self/fd")) <= before

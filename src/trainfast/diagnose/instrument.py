@@ -47,9 +47,10 @@ from trainfast.diagnose.ledger import Ledger
 from trainfast.diagnose.loaders import batch_info, describe_loader
 from trainfast.diagnose.models import batch_axis, root_modules
 from trainfast.diagnose.timeline import Timeline, _earliest, _Step
-from trainfast.diagnose.worker_clock import RunDelay, WorkerClock, WorkerTotals
+from trainfast.diagnose.worker_clock import WorkerClock, WorkerTotals
 from trainfast.dynamo import dynamo_counts
 from trainfast.flops import FlopCounter
+from trainfast.host import queued_s
 from trainfast.loader.memory import TensorLoader
 from trainfast.loader.threads import ThreadLoader
 from trainfast.samples import batch_samples, first_leaf
@@ -140,7 +141,7 @@ class _TimedIterator:
         if inst.scanning:
             inst.discover("batch")
         stats = self._stats
-        queued = inst.run_delay.ns() if not stats.num_workers else 0
+        queued = queued_s() if not stats.num_workers else 0.0
         asked, cpu = perf_counter(), thread_time()
         inst.fetching = True  # forwards inside the dataset (a transform module) are not the model's
         try:
@@ -151,11 +152,11 @@ class _TimedIterator:
         threads = self._threads
         if threads is not None:  # a thread-backed loader's own account of its threads' batches
             made = threads.fetch_stats
-            stats.fetch_cpu_s, stats.fetch_wall_s = made.cpu_s, made.wall_s
+            stats.fetch_cpu_s, stats.fetch_wall_s, stats.fetch_queued_s = made.cpu_s, made.wall_s, made.queued_s
         elif not stats.num_workers:  # made in this thread: its CPU time tells reading from working (workers.py)
             stats.fetch_cpu_s += thread_time() - cpu
             stats.fetch_wall_s += got - asked
-            stats.fetch_queued_s += (inst.run_delay.ns() - queued) / 1e9
+            stats.fetch_queued_s += queued_s() - queued
         ledger = inst.ledger
         first = self._first
         if first:
@@ -216,7 +217,6 @@ class Instrumentation:
         self._keep_alive: list[Any] = []  # loaders described: their id() must stay unique while measuring
         self._undo: list[Callable[[], None]] = []
         self.worker_clock = WorkerClock()  # loader workers forked while measuring time their batches into it
-        self.run_delay = RunDelay()  # this thread's time waiting for a core, around the batches it makes itself
         self._roots: dict[int, int] = {}  # id of each root module -> where the batch is in its input
         self._root_refs: weakref.WeakValueDictionary[int, nn.Module] = weakref.WeakValueDictionary()
         self._discovered_on: set[str] = set()

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import mmap
 import os
-import threading
 import time
 from typing import NamedTuple
 
 import numpy as np
 
+from trainfast.host import QUEUE_KNOWN, queued_s
+
 SLOTS = 4096  # one per worker process ever started while the doctor runs (slots of exited workers are kept)
 _FIELDS = 5  # pid, batches, wall ns, CPU ns, run-queue ns
 _PROBES = 16  # slots tried from pid % SLOTS before a worker gives up recording
-_SCHEDSTAT = "/proc/self/schedstat"
 
 
 class WorkerTotals(NamedTuple):
@@ -41,31 +41,6 @@ class WorkerTotals(NamedTuple):
                             queued, self.workers)
 
 
-class RunDelay:
-    """The calling thread's run-queue delay: the nanoseconds it was runnable but waiting for a core, from
-    /proc/self/task/<tid>/schedstat through a descriptor kept open per thread (~1.5 us a read). 0 where the kernel
-    keeps no schedstat (`known` False)."""
-
-    known = os.path.exists(_SCHEDSTAT)
-
-    def __init__(self) -> None:
-        self._fd: int | None = None
-        self._tid: int | None = None
-
-    def ns(self) -> int:
-        if not self.known:
-            return 0
-        tid = threading.get_native_id()
-        try:
-            if self._tid != tid:  # another thread, or a forked child's: its own file
-                if self._fd is not None:
-                    os.close(self._fd)
-                self._fd, self._tid = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY), tid
-            return int(os.pread(self._fd, 128, 0).split()[1])  # type: ignore[arg-type]
-        except (OSError, IndexError, ValueError):
-            return 0
-
-
 class WorkerClock:
     """The shared slots, and the per-batch `timed` call a worker makes around its fetch."""
 
@@ -73,8 +48,7 @@ class WorkerClock:
         # MAP_SHARED | MAP_ANONYMOUS: a forked child writes into the same pages the parent reads
         self._map = mmap.mmap(-1, SLOTS * _FIELDS * 8)
         self._slots = np.frombuffer(self._map, dtype=np.int64).reshape(SLOTS, _FIELDS)
-        self._queued = RunDelay.known
-        self._delay = RunDelay()
+        self._queued = QUEUE_KNOWN
         self._mine: tuple[int, int] | None = None  # (pid, slot) of this process once it claimed one
 
     def _slot(self) -> int | None:
@@ -118,9 +92,9 @@ class _Timing:
         self._clock = clock
 
     def __enter__(self) -> None:
-        self._queued = self._clock._delay.ns()
+        self._queued = queued_s()
         self._wall, self._cpu = time.perf_counter_ns(), time.process_time_ns()
 
     def __exit__(self, *exc: object) -> None:
         wall, cpu = time.perf_counter_ns() - self._wall, time.process_time_ns() - self._cpu
-        self._clock.record(wall, cpu, self._clock._delay.ns() - self._queued)
+        self._clock.record(wall, cpu, round((queued_s() - self._queued) * 1e9))

@@ -16,7 +16,8 @@ from typing import Any
 
 from trainfast.diagnose.evidence import LoaderStats, main_loader
 from trainfast.diagnose.monitored import since_start
-from trainfast.diagnose.worker_clock import RunDelay, WorkerTotals
+from trainfast.diagnose.worker_clock import WorkerTotals
+from trainfast.host import QUEUE_KNOWN
 from trainfast.monitor import Monitor
 
 # Workers busy on a core (or queued for one) less than half their time mostly wait: each needs at most half a
@@ -125,9 +126,10 @@ def from_loader(loader: LoaderStats) -> WorkerTime | None:
     if loader.fetch_wall_s <= 0:
         return None
     threads = loader.num_workers if loader.kind.startswith("trainfast ThreadLoader") else 0
-    where = (f"the loader's {threads} thread(s)' CPU time over wall time inside their batches" if threads else
+    where = (f"the loader's {threads} thread(s)' CPU time and run-queue delay over wall time inside their batches"
+             if threads else
              "the main thread's CPU time and run-queue delay over wall time while it made the batches (no workers)")
-    queued = None if threads or not RunDelay.known else min(1.0, loader.fetch_queued_s / loader.fetch_wall_s)
+    queued = min(1.0, loader.fetch_queued_s / loader.fetch_wall_s) if QUEUE_KNOWN else None
     return WorkerTime(busy=min(1.0, loader.fetch_cpu_s / loader.fetch_wall_s), queued=queued,
                       workers=float(max(1, threads)), source=where,
                       who="the loader's threads" if threads else "the batches' reads in the main thread")

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainfast.host import queued_s
 from trainfast.loader.seeding import seeded
 from trainfast.units import format_bytes
 
@@ -140,15 +141,6 @@ def probe_reads(dataset: Any, length: int, *, reads: int = PROBE_READS, budget_s
     except Exception:  # the loader reports a failing read at its batch, with the sample named
         return None
     return ReadProbe(done, wall, cpu, _bytes(sample), max(0.0, queued))
-
-
-def queued_s() -> float:
-    """Seconds this thread has waited, ready to run, for a CPU (Linux's /proc schedstat); 0 where unknown."""
-    try:
-        with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 def _bytes(sample: Any) -> int | None:

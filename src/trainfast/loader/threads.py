@@ -39,10 +39,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from trainfast.host import queued_s
 from trainfast.loader.auto import LoaderPlan
 from trainfast.loader.batches import EpochBatches, EpochLoader
 from trainfast.loader.faults import LoaderError, explain_failure
-from trainfast.loader.latency import FetchCounter, FetchStats, PoolGrowth, queued_s
+from trainfast.loader.latency import FetchCounter, FetchStats, PoolGrowth
 from trainfast.loader.prefetch import Normalize
 from trainfast.loader.seeding import thread_seeded
 

@@ -41,8 +41,8 @@ def main():
     p.add_argument("--epochs", type=int, default=1)
     args = p.parse_args()
     torch.manual_seed(0)
-    data = DataLoader(SlowReads(args.samples, args.latency_ms / 1e3, args.work_ms / 1e3), batch_size=args.batch_size, shuffle=True,
-                      num_workers=args.workers, drop_last=True)
+    dataset = SlowReads(args.samples, args.latency_ms / 1e3, args.work_ms / 1e3)
+    data = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, drop_last=True)
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1),
                           nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
