@@ -20,6 +20,7 @@ from torch import nn
 from remote_servers import RemoteServer
 from trainfast.cli import EXPECTED, FAILED, error_message, main
 from trainfast.data import PackedImages
+from trainfast.data.packed import CACHED_SHARDS
 from trainfast.data.packing import INDEX_NAME, PackResult, pack, upload_pack
 from trainfast.data.remote import ObjectStore, RemoteStorageError, RemoteSupportMissing
 from trainfast.loader.make import make_loader
@@ -100,13 +101,14 @@ def test_a_missing_object_is_one_line_naming_the_url_and_404_without_retries(
     assert time.monotonic() - started < 1.0  # not retried
     message = str(error.value)
     assert "\n" not in message and error.value.status == 404
-    assert message.startswith(f"GET {url}/train/shard-000001.tar bytes ") and ": 404 Not Found; " in message
+    assert message.startswith(f"GET {url}/train/shard-000001.tar") and ": 404 Not Found; " in message  # whole
     with pytest.raises(FileNotFoundError, match=r"has no index.json .*404 Not Found.*trainfast pack SRC"):
         PackedImages(f"{url}/nowhere")
 
 
 @pytest.mark.slow
-def test_a_server_that_stays_down_is_one_line_after_the_retry_budget(http_server: RemoteServer) -> None:
+def test_a_server_that_stays_down_is_one_line_after_the_retry_budget(tiny_pack: tuple[Path, PackResult],
+                                                                     http_server: RemoteServer) -> None:
     dataset = PackedImages(f"{http_server.url}/tiny/train", image_size=IMAGE_SIZE, retry_s=1.0)
     http_server.command("down")
     started = time.monotonic()
@@ -115,7 +117,7 @@ def test_a_server_that_stays_down_is_one_line_after_the_retry_budget(http_server
     assert 0.5 < time.monotonic() - started < 3
     message = str(error.value)
     assert "\n" not in message and error.value.status is None
-    assert message.startswith(f"GET {http_server.url}/tiny/train/shard-000000.tar bytes "), message
+    assert message.startswith(f"GET {http_server.url}/tiny/train/shard-000000.tar"), message
     assert " tries over " in message and "TRAINFAST_REMOTE_RETRY_S" in message and "refused" in message.lower()
 
 
@@ -208,3 +210,17 @@ def test_storage_lost_mid_epoch_stops_with_the_checkpoint_intact_and_resume_is_b
     for key, value in reference.model.state_dict().items():
         assert torch.equal(value, resumed.model.state_dict()[key]), key
     assert digest != hashlib.sha256((tmp_path / "last.pt").read_bytes()).hexdigest()  # the resumed run saved anew
+
+
+def test_an_epoch_from_a_url_fetches_each_shard_whole_once(tiny_pack: tuple[Path, PackResult],
+                                                           http_server: RemoteServer) -> None:
+    """make_loader visits remote shards a window at a time, so each is one request an epoch, not one per sample."""
+    dataset = PackedImages(f"{http_server.url}/tiny/train", image_size=IMAGE_SIZE, train=False)
+    assert dataset.read_groups is not None and dataset.shards > CACHED_SHARDS  # more shards than the cache holds
+    loader = make_loader(dataset, 8, workers=0, seed=3)
+    before = http_server.requests()
+    seen = [int(t) for _, targets in loader for t in targets]
+    assert len(seen) == len(loader) * 8
+    assert http_server.requests() - before == dataset.shards  # one whole-shard GET each
+    local = PackedImages(tiny_pack[0] / "train", image_size=IMAGE_SIZE, train=False)
+    assert local.read_groups is None  # a local pack keeps the plain shuffle

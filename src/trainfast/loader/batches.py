@@ -18,10 +18,14 @@ class EpochBatches(torch.utils.data.Sampler[tuple[int, np.ndarray]]):
     by wrapping around so every rank has the same number of batches (as `DistributedSampler`).
     `start_at(b)` makes the next epoch begin at batch `b`: resuming mid-epoch costs nothing, no
     batch is fetched only to be thrown away.
+
+    `groups` (each sample's group, e.g. the shard holding it): a shuffled epoch visits the groups in a shuffled
+    order, `window` at a time, its samples shuffled within each window (WebDataset's shard shuffle), so a dataset
+    that reads a whole group at once (remote shards) holds only a few at a time and reads each once an epoch.
     """
 
     def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool, drop_last: bool, seed: int = 0,
-                 rank: int = 0, world_size: int = 1) -> None:
+                 rank: int = 0, world_size: int = 1, groups: np.ndarray | None = None, window: int = 2) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} is not valid; use a positive integer")
         if world_size < 1:
@@ -31,6 +35,11 @@ class EpochBatches(torch.utils.data.Sampler[tuple[int, np.ndarray]]):
         self.num_samples, self.batch_size = num_samples, batch_size
         self.shuffle, self.drop_last, self.seed = shuffle, drop_last, seed
         self.rank, self.world_size = rank, world_size
+        if groups is not None and len(groups) != num_samples:
+            raise ValueError(f"groups has {len(groups)} entries for {num_samples} samples; give one per sample")
+        if window < 1:
+            raise ValueError(f"window={window} is not valid; use a positive integer")
+        self.groups, self.window = groups, window
         self.epoch = 0
         self._start = 0
 
@@ -62,7 +71,9 @@ class EpochBatches(torch.utils.data.Sampler[tuple[int, np.ndarray]]):
 
     def indices(self) -> Iterator[tuple[int, np.ndarray]]:
         """(batch number, sample indices) for this epoch, without seeds (for loaders with no randomness)."""
-        if self.shuffle:
+        if self.shuffle and self.groups is not None:
+            order = self._windowed(np.random.default_rng([self.seed, self.epoch]), self.groups)
+        elif self.shuffle:
             order = np.random.default_rng([self.seed, self.epoch]).permutation(self.num_samples)
         else:
             order = np.arange(self.num_samples)
@@ -72,6 +83,17 @@ class EpochBatches(torch.utils.data.Sampler[tuple[int, np.ndarray]]):
         start, self._start = self._start, 0
         for b in range(start, len(self)):
             yield b, order[b * self.batch_size:(b + 1) * self.batch_size]
+
+
+    def _windowed(self, rng: np.random.Generator, groups: np.ndarray) -> np.ndarray:
+        """The groups in a shuffled order, `window` at a time, each window's samples shuffled."""
+        names, of_sample = np.unique(groups, return_inverse=True)
+        visit = rng.permutation(len(names))
+        rank_of = np.empty_like(visit)
+        rank_of[visit] = np.arange(len(visit))  # each group's place in the visit order
+        # sort by (window, a random key): windows in order, samples shuffled inside each
+        window_of = rank_of[of_sample] // self.window
+        return np.lexsort((rng.random(len(groups)), window_of))
 
 
 class EpochLoader:

@@ -247,8 +247,10 @@ def build_loader(resolution: LoaderResolution) -> Loader | TensorLoader | Thread
         return TensorLoader(r.tensors, r.batch_size, shuffle=options.shuffle, drop_last=plan.drop_last,
                             seed=options.seed, rank=r.rank, world_size=r.world_size, pin_memory=plan.pin_memory,
                             normalize=r.normalize, plan=plan)
+    # a dataset that reads whole groups of samples at once (remote shards) names them: the epoch visits a few at a time
     batches = EpochBatches(r.length, r.batch_size, shuffle=options.shuffle, drop_last=plan.drop_last,
-                           seed=options.seed, rank=r.rank, world_size=r.world_size)
+                           seed=options.seed, rank=r.rank, world_size=r.world_size,
+                           groups=getattr(r.samples, "read_groups", None))
     collate = options.collate_fn or torch.utils.data.default_collate
     if plan.backend == "threads":
         log.info("make_loader: %s", plan.describe())

@@ -193,3 +193,18 @@ def test_bad_rank(rank: int, world: int) -> None:
 def test_bad_world_size() -> None:
     with pytest.raises(ValueError, match=re.escape("world_size=0 is not valid; use a positive integer")):
         EpochBatches(10, 2, shuffle=True, drop_last=False, rank=0, world_size=0)
+
+
+def test_grouped_samples_are_visited_a_window_of_groups_at_a_time() -> None:
+    groups = np.repeat(np.arange(6), 5)[np.random.default_rng(1).permutation(30)]  # 6 shards of 5, any layout
+    batches = EpochBatches(30, 5, shuffle=True, drop_last=False, seed=7, groups=groups, window=2)
+    order = np.concatenate([indices for _, indices in batches.indices()])
+    assert sorted(order.tolist()) == list(range(30))  # every sample once
+    windows = [set(groups[order[w * 10:(w + 1) * 10]].tolist()) for w in range(3)]
+    assert all(len(w) == 2 for w in windows) and set().union(*windows) == set(range(6))  # 2 groups each, all seen
+    again = np.concatenate([indices for _, indices in batches.indices()])
+    assert np.array_equal(order, again)  # a function of (seed, epoch): resumable
+    batches.set_epoch(1)
+    assert not np.array_equal(order, np.concatenate([indices for _, indices in batches.indices()]))
+    with pytest.raises(ValueError, match="one per sample"):
+        EpochBatches(30, 5, shuffle=True, drop_last=False, groups=groups[:10])
