@@ -91,6 +91,9 @@ class Evidence:
     input_source: str | None = None  # "loader" or "script" (no DataLoader: input prepared in the loop)
     notes: tuple[str, ...] = field(default=())
     compute_s: float = 0.0  # median measured compute per step
+    # mean measured step: the loop's rate where batches arrive in bursts (waiting workers deliver several at once,
+    # then none), whose median step is a short one
+    step_mean_s: float = 0.0
     # the candidate fixes timed on the script's own model (probe.py `Trials`); None when no replay was tried
     trials: Any = None
     parameter_dtypes: frozenset[str] = frozenset()  # floating dtypes of the trained parameters

@@ -55,6 +55,7 @@ def evidence_of(timeline: Timeline, instrumentation: Instrumentation, records: l
         thread_probe=observed.trials.thread_probe() if observed.trials is not None else None,
         input_source=timeline.input_source,
         compute_s=statistics.median(r.compute_s for r in records) if records else 0.0,
+        step_mean_s=total / len(records) if records else 0.0,
         trials=observed.trials, parameter_dtypes=frozenset(observed.parameter_dtypes), cycle=timeline.cycle,
         workers=of_training(instrumentation.loaders, monitor, timeline.measure_started_monotonic,
                             timeline.measure_ended_monotonic, _clock_window(observed)))

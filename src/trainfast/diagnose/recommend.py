@@ -97,8 +97,9 @@ def num_workers(e: Evidence) -> Recommendation | None:
         return None  # the loader alone is far faster than training: its wait is jitter, not throughput
     wait, compute = e.fractions.data_wait * e.step_s, (1 - e.fractions.data_wait) * e.step_s
     k0 = loader.num_workers
-    if e.workers is not None and e.workers.wait:
-        return _overlap_waits(e, loader, wait, compute)
+    if e.workers is not None and e.workers.wait:  # their batches arrive in bursts: the mean step is the rate
+        mean = e.step_mean_s or e.step_s
+        return _overlap_waits(e, loader, e.fractions.data_wait * mean, (1 - e.fractions.data_wait) * mean)
     # Time one worker needs per batch: with k0 workers the loader delivers a batch every wait+compute.
     per_batch = wait if k0 == 0 else k0 * (wait + compute)
     cap = e.cpus - 1 if e.device == "cuda" else e.cpus  # one core stays with the process feeding the GPU

@@ -147,3 +147,13 @@ def test_worker_clock_sums_what_forked_workers_timed() -> None:
         assert time_of.wait and time_of.batch_s == pytest.approx(got.wall_s / 4)
     finally:
         clock.close()
+
+
+def test_bursty_arrivals_are_judged_on_the_mean_step() -> None:
+    """8 waiting workers deliver 8 batches at once, then none for a batch's time: the median step is a short one."""
+    waiting = WorkerTime(busy=0.01, queued=0.0, workers=8, source="the workers themselves", batch_s=0.65)
+    e = waiting_run(loaders=(loader(num_workers=8, prefetch_factor=2),), workers=waiting, step_s=0.0084,
+                    step_mean_s=0.085, fractions=Fractions(0.92, 0, 0, 0.08))
+    top = recommend(e)[0]  # type: ignore[arg-type]
+    assert top.id == "num_workers" and top.overrides is not None and top.overrides["num_workers"] > 8
+    assert top.expected_gain is not None and top.expected_gain > 3
