@@ -44,3 +44,14 @@ def test_workers_busy_computing_are_told_apart() -> None:
     assert workers is not None and not workers["wait"] and workers["busy"] + (workers["queued"] or 0) > 0.5, workers
     assert "the workers themselves" in workers["source"]  # not the OS's per-process figures, which count idle time
     assert all("Little's law" not in r["why"] for r in report["recommendations"])
+
+
+@pytest.mark.slow
+def test_a_thread_loader_is_seen_and_its_threads_accounted_for() -> None:
+    report = doctor("--workers", "2", "--latency-ms", "20", "--threads-loader")
+    assert report["loaders"][0]["kind"].startswith("trainfast ThreadLoader")
+    workers = report["observed"]["workers"]
+    assert workers is not None and workers["who"] == "the loader's threads" and workers["wait"], workers
+    assert workers["batch_s"] == pytest.approx(0.16, rel=0.5)
+    fix = next(r for r in report["recommendations"] if r["id"] == "num_workers")
+    assert "backend='threads'" in fix["fix"] and fix["overrides"] is None  # --verify cannot inject threads

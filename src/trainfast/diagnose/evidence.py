@@ -31,7 +31,8 @@ class LoaderStats:
     # by a thread-backed loader's threads (its `fetch_stats`); 0 for worker processes (the OS says: workers.py)
     fetch_cpu_s: float = 0.0
     fetch_wall_s: float = 0.0
-    fetch_queued_s: float = 0.0  # made in the main thread: the time it waited for a core meanwhile (Linux)
+    fetch_queued_s: float = 0.0  # of it, ready to run but waiting for a core (Linux)
+    fetch_batches: int = 0  # the batches those figures cover
     epochs: int = 0
     startup_s: list[float] = field(default_factory=list)  # iter() to first batch, per epoch
     batch_bytes: int | None = None
@@ -44,7 +45,8 @@ class LoaderStats:
                 "decode": self.decode, "batches_per_epoch": self.batches_per_epoch, "batches": self.batches,
                 "evaluation_batches": self.evaluation_batches,
                 "wait_s": self.wait_s, "fetch_cpu_s": self.fetch_cpu_s,
-                "fetch_wall_s": self.fetch_wall_s, "fetch_queued_s": self.fetch_queued_s, "epochs": self.epochs,
+                "fetch_wall_s": self.fetch_wall_s, "fetch_queued_s": self.fetch_queued_s,
+                "fetch_batches": self.fetch_batches, "epochs": self.epochs,
                 "startup_s": list(self.startup_s), "batch_bytes": self.batch_bytes,
                 "image_hw": list(self.image_hw) if self.image_hw else None}
 

@@ -153,10 +153,12 @@ class _TimedIterator:
         if threads is not None:  # a thread-backed loader's own account of its threads' batches
             made = threads.fetch_stats
             stats.fetch_cpu_s, stats.fetch_wall_s, stats.fetch_queued_s = made.cpu_s, made.wall_s, made.queued_s
+            stats.fetch_batches, stats.num_workers = made.batches, made.threads  # (its pool may have grown)
         elif not stats.num_workers:  # made in this thread: its CPU time tells reading from working (workers.py)
             stats.fetch_cpu_s += thread_time() - cpu
             stats.fetch_wall_s += got - asked
             stats.fetch_queued_s += queued_s() - queued
+            stats.fetch_batches += 1
         ledger = inst.ledger
         first = self._first
         if first:

@@ -132,4 +132,5 @@ def from_loader(loader: LoaderStats) -> WorkerTime | None:
     queued = min(1.0, loader.fetch_queued_s / loader.fetch_wall_s) if QUEUE_KNOWN else None
     return WorkerTime(busy=min(1.0, loader.fetch_cpu_s / loader.fetch_wall_s), queued=queued,
                       workers=float(max(1, threads)), source=where,
+                      batch_s=loader.fetch_wall_s / loader.fetch_batches if loader.fetch_batches else None,
                       who="the loader's threads" if threads else "the batches' reads in the main thread")

@@ -39,10 +39,16 @@ def main():
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--samples", type=int, default=2048)
     p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--threads-loader", action="store_true", help="trainfast.make_loader's threads, --workers of them")
     args = p.parse_args()
     torch.manual_seed(0)
     dataset = SlowReads(args.samples, args.latency_ms / 1e3, args.work_ms / 1e3)
-    data = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, drop_last=True)
+    if args.threads_loader:
+        import trainfast
+
+        data = trainfast.make_loader(dataset, args.batch_size, workers=args.workers, backend="threads")
+    else:
+        data = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, drop_last=True)
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1),
                           nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
