@@ -133,18 +133,20 @@ def demo_cache(_shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return _shared_cache
 
 
-# --- object storage on localhost (tests/remote_servers.py): real servers in child processes, one per session --
+# --- object storage on localhost (tests/remote_servers.py): real servers in child processes, one per test module
+# (not per session: a child process of the test session would count as a loader worker wherever a later test reads
+# this process's children, as the monitor and the doctor do)
 
 REMOTE_RETRY_S = "2"  # TRAINFAST_REMOTE_RETRY_S in tests: a failing request gives up after ~2 s
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def _http_server_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteServer]:
     with RemoteServer("http", tmp_path_factory.mktemp("http-root")) as server:
         yield server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def _s3_server_process() -> Iterator[RemoteServer]:
     with RemoteServer("s3") as server:
         yield server

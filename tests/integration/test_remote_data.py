@@ -33,7 +33,7 @@ pytestmark = pytest.mark.timeout(120)
 IMAGE_SIZE = 16
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def tiny_pack(tiny_images: Path, _http_server_process: RemoteServer) -> tuple[Path, PackResult]:
     """The tiny demo dataset packed at 16 px into several shards, in the HTTP server's folder (served at /tiny)."""
     assert _http_server_process.root is not None
@@ -43,7 +43,7 @@ def tiny_pack(tiny_images: Path, _http_server_process: RemoteServer) -> tuple[Pa
 
 @pytest.fixture
 def s3_tiny(tiny_pack: tuple[Path, PackResult], s3_server: RemoteServer) -> str:
-    """`tiny_pack` uploaded to s3://tiny/packed (once per session: the server keeps it)."""
+    """`tiny_pack` uploaded to s3://tiny/packed (once per module: the server keeps it)."""
     url = "s3://tiny/packed"
     if not ObjectStore(url).exists(f"train/{INDEX_NAME}"):
         s3_server.make_bucket("tiny")

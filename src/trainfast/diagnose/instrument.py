@@ -38,7 +38,8 @@ import torch
 from PIL import ImageFile
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import DataLoader
+from torch.utils.data._utils import worker as worker_module
 from torch.utils.data._utils.fetch import _IterableDatasetFetcher, _MapDatasetFetcher
 
 from trainfast.diagnose.devicetime import DeviceTimer
@@ -55,6 +56,11 @@ from trainfast.loader.memory import TensorLoader
 from trainfast.loader.threads import ThreadLoader
 from trainfast.samples import batch_samples, first_leaf
 
+# Batches made in the main thread: the first few, then one in this many, are timed for their CPU and run-queue time
+# too (workers.py), which costs ~16 us a batch here (two thread_time and schedstat reads), as much as all the other
+# hooks of a tiny step together
+TIMED_FIRST = 8
+TIMED_EVERY = 16
 # First scans for the model that may find none before one counts (each walks the GC's objects, ~0.1 s)
 MAX_EMPTY_SCANS = 3
 
@@ -94,6 +100,13 @@ class Observations:
     def scaler_skipped(self) -> int:
         """Optimizer steps the GradScaler skipped (reading it synchronises: report time only)."""
         return int(sum(int(t.item()) for t in self.scaler_found_inf.values()))
+
+
+def _timed(clock: WorkerClock, fetch: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def timed_fetch(fetcher: Any, index: Any) -> Any:
+        with clock.timed():
+            return fetch(fetcher, index)
+    return timed_fetch
 
 
 def _to_destination(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:
@@ -141,8 +154,11 @@ class _TimedIterator:
         if inst.scanning:
             inst.discover("batch")
         stats = self._stats
-        queued = queued_s() if not stats.num_workers else 0.0
-        asked, cpu = perf_counter(), thread_time()
+        # made in this thread: the first TIMED_FIRST batches, then 1 in TIMED_EVERY, also time their CPU and run-queue
+        # time (~16 us a timed batch)
+        timed = not stats.num_workers and (stats.batches < TIMED_FIRST or not stats.batches % TIMED_EVERY)
+        queued = queued_s() if timed else 0.0
+        asked, cpu = perf_counter(), thread_time() if timed else 0.0
         inst.fetching = True  # forwards inside the dataset (a transform module) are not the model's
         try:
             batch = next(self._it)
@@ -154,7 +170,7 @@ class _TimedIterator:
             made = threads.fetch_stats
             stats.fetch_cpu_s, stats.fetch_wall_s, stats.fetch_queued_s = made.cpu_s, made.wall_s, made.queued_s
             stats.fetch_batches, stats.num_workers = made.batches, made.threads  # (its pool may have grown)
-        elif not stats.num_workers:  # made in this thread: its CPU time tells reading from working (workers.py)
+        elif timed:  # its CPU time tells reading from working (workers.py)
             stats.fetch_cpu_s += thread_time() - cpu
             stats.fetch_wall_s += got - asked
             stats.fetch_queued_s += queued_s() - queued
@@ -304,8 +320,8 @@ class Instrumentation:
 
         for owner in (DataLoader, TensorLoader, ThreadLoader):
             self._patch(owner, "__iter__", wrap_iter(owner.__iter__))
-        for fetcher in (_MapDatasetFetcher, _IterableDatasetFetcher):  # inherited by workers forked from here on
-            self._patch(fetcher, "fetch", self._timed_fetch(fetcher.fetch))
+        # workers forked from here on time their batches (the main process's fetches are left as they are)
+        self._patch(worker_module, "_worker_loop", self._timing_worker_loop(worker_module._worker_loop))
 
         def step_begins(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             timeline._in_optimizer = True  # (timeline.optimizer_step_begins, inlined: ~0.3 us a step)
@@ -359,15 +375,16 @@ class Instrumentation:
                 self._patch(torch.Tensor, name, self._timed_copy(getattr(torch.Tensor, name), destination))
         self._observe_precision_and_compile()
 
-    def _timed_fetch(self, original: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def _timing_worker_loop(self, original: Callable[..., None]) -> Callable[..., None]:
+        """DataLoader's worker entry point, which first makes this worker's fetches time themselves into the clock
+        (in the worker process only: nothing there is restored, the process ends with the loop)."""
         clock = self.worker_clock
 
-        def fetch(fetcher: Any, index: Any) -> Any:
-            if get_worker_info() is None:  # the main process: its batches are timed where the loop asks for them
-                return original(fetcher, index)
-            with clock.timed():
-                return original(fetcher, index)
-        return fetch
+        def worker_loop(*args: Any, **kwargs: Any) -> None:
+            for fetcher in (_MapDatasetFetcher, _IterableDatasetFetcher):
+                fetcher.fetch = _timed(clock, fetcher.fetch)  # type: ignore[method-assign]
+            original(*args, **kwargs)
+        return worker_loop
 
     def end_step(self) -> None:
         """End a step now: for callers that define steps themselves (`Timeline(explicit_steps=True)`)."""
