@@ -55,3 +55,41 @@ def test_a_thread_loader_is_seen_and_its_threads_accounted_for() -> None:
     assert workers["batch_s"] == pytest.approx(0.16, rel=0.5)
     fix = next(r for r in report["recommendations"] if r["id"] == "num_workers")
     assert "backend='threads'" in fix["fix"] and fix["overrides"] is None  # --verify cannot inject threads
+
+
+SPAWNED = '''
+import time
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+
+class Reads(Dataset):
+    def __len__(self):
+        return 512
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return torch.rand(8), i % 2
+
+
+if __name__ == "__main__":
+    loader = DataLoader(Reads(), batch_size=8, num_workers=1, multiprocessing_context="spawn")
+    model = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
+
+@pytest.mark.slow
+def test_spawned_workers_still_start_under_the_doctor(tmp_path: Path) -> None:
+    """The worker entry point the doctor wraps to time forked workers pickles as torch's own for spawn."""
+    script = tmp_path / "spawned.py"
+    script.write_text(SPAWNED)
+    run = run_doctor(str(script), steps=10, warmup=2, max_seconds=60.0, probe_gains=False)
+    assert run.exit_code == 0, run.error
+    assert run.report.to_json()["steps_measured"] == 10

@@ -102,6 +102,28 @@ class Observations:
         return int(sum(int(t.item()) for t in self.scaler_found_inf.values()))
 
 
+class _TimingWorkerLoop:
+    """DataLoader's worker entry point, which first makes the worker's fetches time themselves into the clock (in the
+    worker process only: nothing there is restored, the process ends with the loop). Pickled for a worker started by
+    spawn or forkserver, it is torch's own entry point: the clock's shared memory does not reach such a process."""
+
+    def __init__(self, clock: WorkerClock, original: Callable[..., None]) -> None:
+        self.clock, self.original = clock, original
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        for fetcher in (_MapDatasetFetcher, _IterableDatasetFetcher):
+            fetcher.fetch = _timed(self.clock, fetcher.fetch)  # type: ignore[method-assign]
+        self.original(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _torch_worker_loop, ()
+
+
+def _torch_worker_loop() -> Callable[..., None]:
+    """torch's worker entry point, as a process started afresh has it (unpatched)."""
+    return worker_module._worker_loop
+
+
 def _timed(clock: WorkerClock, fetch: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     def timed_fetch(fetcher: Any, index: Any) -> Any:
         with clock.timed():
@@ -321,7 +343,7 @@ class Instrumentation:
         for owner in (DataLoader, TensorLoader, ThreadLoader):
             self._patch(owner, "__iter__", wrap_iter(owner.__iter__))
         # workers forked from here on time their batches (the main process's fetches are left as they are)
-        self._patch(worker_module, "_worker_loop", self._timing_worker_loop(worker_module._worker_loop))
+        self._patch(worker_module, "_worker_loop", _TimingWorkerLoop(self.worker_clock, worker_module._worker_loop))
 
         def step_begins(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             timeline._in_optimizer = True  # (timeline.optimizer_step_begins, inlined: ~0.3 us a step)
@@ -374,17 +396,6 @@ class Instrumentation:
             for name, destination in (("to", _to_destination), ("cuda", _cuda_destination)):
                 self._patch(torch.Tensor, name, self._timed_copy(getattr(torch.Tensor, name), destination))
         self._observe_precision_and_compile()
-
-    def _timing_worker_loop(self, original: Callable[..., None]) -> Callable[..., None]:
-        """DataLoader's worker entry point, which first makes this worker's fetches time themselves into the clock
-        (in the worker process only: nothing there is restored, the process ends with the loop)."""
-        clock = self.worker_clock
-
-        def worker_loop(*args: Any, **kwargs: Any) -> None:
-            for fetcher in (_MapDatasetFetcher, _IterableDatasetFetcher):
-                fetcher.fetch = _timed(clock, fetcher.fetch)  # type: ignore[method-assign]
-            original(*args, **kwargs)
-        return worker_loop
 
     def end_step(self) -> None:
         """End a step now: for callers that define steps themselves (`Timeline(explicit_steps=True)`)."""

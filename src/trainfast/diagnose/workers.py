@@ -2,10 +2,11 @@
 (a read from storage, a network round trip). Waiting workers need concurrency, not cores: the fix for them is
 more workers than cores (Little's law), where busy ones are capped by the cores.
 
-For worker processes the figures come from the OS, per process, over the measured window (the monitor's
-`workers.cpu_percent` and `workers.queued_percent`: CPU time and run-queue delay over wall time); for a loader
-made of threads (trainfast's `ThreadLoader`), from the thread CPU time and wall time of its batches; without
-workers, from the main thread's CPU time while it made the batches.
+Worker processes time their own batches (CPU, run-queue and wall time inside each fetch: worker_clock.py), which
+tells a worker that waits on a read from one idle for want of the next index; where they could not (workers
+started by spawn or forkserver), the OS's per-process figures over the measured window stand in (the monitor's
+`workers.cpu_percent` and `workers.queued_percent`), idle time counted as waiting. A loader made of threads
+(trainfast's `ThreadLoader`) times its batches itself; without workers, the doctor times the main thread's.
 """
 
 from __future__ import annotations
@@ -48,11 +49,6 @@ class WorkerTime:
     def wait(self) -> bool:
         """The workers mostly wait on something other than a core."""
         return self.busy + (self.queued or 0.0) < WAITING_BUSY
-
-    @property
-    def cores_used(self) -> float:
-        """Cores the workers kept busy on average."""
-        return self.busy * self.workers
 
     def phrase(self) -> str:
         """What the workers did, for the verdict: "the workers wait on reads (busy 12 % of the time)"."""
@@ -121,8 +117,8 @@ def from_monitor(monitor: Monitor | None, measuring_from: float | None, measurin
 
 def from_loader(loader: LoaderStats) -> WorkerTime | None:
     """The shares of a loader whose batches the doctor saw made: in the main thread (no workers: its CPU time while
-    fetching), or by trainfast's `ThreadLoader` threads (their own CPU and wall time inside each batch). Threads do
-    not say how long they waited for a core: `queued` is None. None for worker processes (see `from_monitor`)."""
+    fetching, timed on a sample of the batches), or by trainfast's `ThreadLoader` threads (their own CPU, run-queue
+    and wall time inside each batch). None for worker processes (see `from_clock`)."""
     if loader.fetch_wall_s <= 0:
         return None
     threads = loader.num_workers if loader.kind.startswith("trainfast ThreadLoader") else 0
