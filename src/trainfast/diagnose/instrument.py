@@ -56,11 +56,10 @@ from trainfast.loader.memory import TensorLoader
 from trainfast.loader.threads import ThreadLoader
 from trainfast.samples import batch_samples, first_leaf
 
-# Batches made in the main thread: the first few (the warm-up's), then one in this many, are timed for their CPU and
-# run-queue time too (workers.py): ~16 us a timed batch here (two thread_time and schedstat reads), as much as all the
-# other hooks of a tiny step together, so a share of a few batches is what the perf test's 4 % bound leaves room for
-TIMED_FIRST = 8
-TIMED_EVERY = 64
+# Batches made in the main thread are timed for their CPU and run-queue time too (workers.py) when the one before
+# took this long: ~13 us a timed batch between steps here (two thread_time and schedstat reads), 1.3 % of a 1 ms
+# fetch, but as much as all the other hooks of a tiny step from data already in memory, which needs no such figure
+TIMED_WAIT_S = 1e-3
 # First scans for the model that may find none before one counts (each walks the GC's objects, ~0.1 s)
 MAX_EMPTY_SCANS = 3
 
@@ -167,6 +166,7 @@ class _TimedIterator:
         self._it, self._stats, self._inst, self._started = it, stats, inst, started
         self._threads = threads  # a ThreadLoader: its threads time their batches themselves
         self._first = True
+        self._slow = False  # the last batch took TIMED_WAIT_S or more (an epoch's first is not timed: its start-up)
 
     def __iter__(self) -> _TimedIterator:
         return self
@@ -176,9 +176,7 @@ class _TimedIterator:
         if inst.scanning:
             inst.discover("batch")
         stats = self._stats
-        # made in this thread: the first TIMED_FIRST batches, then 1 in TIMED_EVERY, also time their CPU and run-queue
-        # time (~16 us a timed batch)
-        timed = not stats.num_workers and (stats.batches < TIMED_FIRST or not stats.batches % TIMED_EVERY)
+        timed = self._slow and not stats.num_workers  # (TIMED_WAIT_S)
         queued = queued_s() if timed else 0.0
         asked, cpu = perf_counter(), thread_time() if timed else 0.0
         inst.fetching = True  # forwards inside the dataset (a transform module) are not the model's
@@ -187,6 +185,7 @@ class _TimedIterator:
         finally:
             inst.fetching = False
         got = perf_counter()
+        self._slow = got - asked >= TIMED_WAIT_S
         threads = self._threads
         if threads is not None:  # a thread-backed loader's own account of its threads' batches
             made = threads.fetch_stats
