@@ -50,11 +50,13 @@ def test_whole_run_phases_match_the_scripts_own_timing_and_the_evaluation_fix_is
     trial = whole["evaluation"]["trial"]
     assert trial["id"] == "eval_autocast" and trial["rounds"] >= 3 and trial["factor"] is not None
     ids = [r["id"] for r in report["recommendations"]]
-    if trial["factor"] >= 1.03 and 2 * trial["faster_rounds"] > trial["rounds"]:
+    if "eval_autocast" in ids:  # measured, it ranks above every estimate
         top = report["recommendations"][0]
-        assert top["id"] == "eval_autocast" and top["gain_basis"] == "measured" and top["run_gain"] > 1
+        assert top["id"] == "eval_autocast" and top["gain_basis"] == "measured" and top["run_gain"] >= 1.02
+    elif trial["factor"] >= 1.03 and 2 * trial["faster_rounds"] > trial["rounds"]:
+        pass  # faster, but its gain on the whole run is below MIN_GAIN (a small factor on part of the evaluation)
     else:  # a CPU without native bf16: slower under autocast, so not offered, and said so
-        assert "eval_autocast" not in ids and any("not faster than fp32" in n for n in report["notes"])
+        assert any("not faster than fp32" in n for n in report["notes"])
     assert "eval_less_often" in ids
     assert "whole run" in run.stdout and "goodput" in run.stdout
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
