@@ -96,7 +96,8 @@ def dataset_fingerprint(dataset: Any) -> str:
     settings = getattr(dataset, "settings", None)  # how a packed folder was made: a re-pack is another dataset
     if isinstance(settings, dict):
         extra += ":" + json.dumps(settings, sort_keys=True, default=str)
-    return f"{kind}:{len(dataset)}:{Path(root).resolve() if root else ''}:{extra}"
+    where = root if isinstance(root, str) and "://" in root else Path(root).resolve() if root else ""  # URL as given
+    return f"{kind}:{len(dataset)}:{where}:{extra}"
 
 
 def hardware_signature() -> str:

@@ -177,3 +177,15 @@ def test_make_loader_without_tuned_settings_uses_auto(cache_dir: Path, warnings:
     assert "no tuning result" in warnings.text
     assert loader.plan is not None and loader.plan.cpu_threads is None
     assert not loader.plan.reasons[0].startswith("tuned")
+
+
+def test_a_remote_pack_is_fingerprinted_by_its_url() -> None:
+    from trainfast.loader.tuned import dataset_fingerprint
+
+    class Remote:
+        root = "s3://bucket/packs/train"
+
+        def __len__(self) -> int:
+            return 10
+
+    assert ":s3://bucket/packs/train:" in dataset_fingerprint(Remote())
