@@ -38,6 +38,11 @@ class LoaderStats:
     batch_bytes: int | None = None
     image_hw: tuple[int, int] | None = None
 
+    @property
+    def thread_backed(self) -> bool:
+        """trainfast's `ThreadLoader`: its workers are threads of the training process (diagnose/loaders.py)."""
+        return self.kind.startswith("trainfast ThreadLoader")
+
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, "kind": self.kind, "dataset": self.dataset, "num_workers": self.num_workers,
                 "pin_memory": self.pin_memory, "persistent_workers": self.persistent_workers,

@@ -95,11 +95,11 @@ def num_workers(e: Evidence) -> Recommendation | None:
         return None
     if e.loader_headroom is not None and e.loader_headroom > REPLAY_POSSIBLE:
         return None  # the loader alone is far faster than training: its wait is jitter, not throughput
-    wait, compute = e.fractions.data_wait * e.step_s, (1 - e.fractions.data_wait) * e.step_s
-    k0 = loader.num_workers
     if e.workers is not None and e.workers.wait:  # their batches arrive in bursts: the mean step is the rate
         mean = e.step_mean_s or e.step_s
         return _overlap_waits(e, loader, e.fractions.data_wait * mean, (1 - e.fractions.data_wait) * mean)
+    wait, compute = e.fractions.data_wait * e.step_s, (1 - e.fractions.data_wait) * e.step_s
+    k0 = loader.num_workers
     # Time one worker needs per batch: with k0 workers the loader delivers a batch every wait+compute.
     per_batch = wait if k0 == 0 else k0 * (wait + compute)
     cap = e.cpus - 1 if e.device == "cuda" else e.cpus  # one core stays with the process feeding the GPU
@@ -165,7 +165,7 @@ def _overlap_waits(e: Evidence, loader: LoaderStats, wait: float, compute: float
              f"{e.cpus} core(s)")
     prefetch = loader.prefetch_factor or 2
     memory = (f" = {format_bytes(k * prefetch * loader.batch_bytes)}" if loader.batch_bytes else "")
-    threads = loader.kind.startswith("trainfast ThreadLoader")
+    threads = loader.thread_backed
     made = ("timed inside the workers" if workers.batch_s else
             f"so {k0} deliver one every {step * 1e3:.1f} ms" if k0 else "made in the main thread, one at a time")
     capped = (f" (capped at {MAX_WAITING_WORKERS}: trainfast.make_loader's threads hide more latency per process)"

@@ -48,7 +48,6 @@ class WorkerClock:
         # MAP_SHARED | MAP_ANONYMOUS: a forked child writes into the same pages the parent reads
         self._map = mmap.mmap(-1, SLOTS * _FIELDS * 8)
         self._slots = np.frombuffer(self._map, dtype=np.int64).reshape(SLOTS, _FIELDS)
-        self._queued = QUEUE_KNOWN
         self._mine: tuple[int, int] | None = None  # (pid, slot) of this process once it claimed one
 
     def _slot(self) -> int | None:
@@ -78,7 +77,7 @@ class WorkerClock:
         used = self._slots[self._slots[:, 0] != 0]
         sums = used[:, 1:].sum(axis=0) if len(used) else np.zeros(_FIELDS - 1, dtype=np.int64)
         return WorkerTotals(int(sums[0]), int(sums[1]) / 1e9, int(sums[2]) / 1e9,
-                            int(sums[3]) / 1e9 if self._queued else None, int((used[:, 1] > 0).sum()))
+                            int(sums[3]) / 1e9 if QUEUE_KNOWN else None, int((used[:, 1] > 0).sum()))
 
     def close(self) -> None:
         del self._slots  # (the array holds a view of the map)

@@ -121,7 +121,7 @@ def from_loader(loader: LoaderStats) -> WorkerTime | None:
     and wall time inside each batch). None for worker processes (see `from_clock`)."""
     if loader.fetch_wall_s <= 0:
         return None
-    threads = loader.num_workers if loader.kind.startswith("trainfast ThreadLoader") else 0
+    threads = loader.num_workers if loader.thread_backed else 0
     where = (f"the loader's {threads} thread(s)' CPU time and run-queue delay over wall time inside their batches"
              if threads else
              "the main thread's CPU time and run-queue delay over wall time while it made the batches (no workers)")
