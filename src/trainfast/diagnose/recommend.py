@@ -183,7 +183,9 @@ def _overlap_waits(e: Evidence, loader: LoaderStats, wait: float, compute: float
         f"{k} {what}{capped}, using ~{k * workers.busy:.1f} core(s) between them; memory in flight: {k} x "
         f"{prefetch} batches{memory}",
         fix, gain, overrides=None if threads else {"num_workers": k, "persistent_workers": True},
-        gain_basis="measured")
+        gain_basis="measured" if workers.batch_s else "estimate",
+        basis_reason=None if workers.batch_s else ("the time a batch takes inside a worker is derived from the step "
+                                                   f"(workers that could not time themselves); {VERIFY_IT}"))
 
 
 def _workers_contend(e: Evidence) -> bool:

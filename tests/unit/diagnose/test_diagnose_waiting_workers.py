@@ -16,7 +16,7 @@ from trainfast.diagnose.workers import WorkerTime, from_clock, from_loader, from
 from trainfast.monitor import FakeSource, Monitor
 from trainfast.monitor.sources import PsutilSource
 
-WAITING = WorkerTime(busy=0.02, queued=0.0, workers=2, source="the OS")
+WAITING = WorkerTime(busy=0.02, queued=0.0, workers=2, source="the workers themselves", batch_s=0.64)
 BUSY = WorkerTime(busy=0.9, queued=0.05, workers=2, source="the OS")
 # 2 workers, a 320 ms step of which 8 ms is the model step: each worker spends 640 ms on a batch
 INPUT_BOUND = Fractions(0.975, 0, 0, 0.025)
@@ -157,3 +157,11 @@ def test_bursty_arrivals_are_judged_on_the_mean_step() -> None:
     top = recommend(e)[0]  # type: ignore[arg-type]
     assert top.id == "num_workers" and top.overrides is not None and top.overrides["num_workers"] > 8
     assert top.expected_gain is not None and top.expected_gain > 3
+
+
+def test_a_batch_time_derived_from_the_step_is_an_estimate() -> None:
+    assert recommend(waiting_run())[0].gain_basis == "measured"  # type: ignore[arg-type]  # timed in the workers
+    untimed = WorkerTime(busy=0.02, queued=0.0, workers=2, source="the OS")  # spawned workers: no batch time
+    derived = recommend(waiting_run(workers=untimed))[0]  # type: ignore[arg-type]
+    assert derived.id == "num_workers" and derived.gain_basis == "estimate"
+    assert "--verify" in (derived.basis_reason or "")
