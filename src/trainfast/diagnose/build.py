@@ -11,7 +11,7 @@ import torch
 
 from trainfast.diagnose import measured, monitored, noise
 from trainfast.diagnose.classify import DATA_WAIT_BOUND, classify
-from trainfast.diagnose.evidence import Evidence
+from trainfast.diagnose.evidence import Evidence, main_loader
 from trainfast.diagnose.instrument import Instrumentation, Observations
 from trainfast.diagnose.mfu import compute_entry, with_peak
 from trainfast.diagnose.recommend import not_offered, recommend, why_no_input_fix
@@ -72,8 +72,11 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
                      "first forward (input prepared in the loop), and samples are counted from the model's input")
     spread = noise.spread(records)
     contention = noise.contention(monitor, timeline.measure_started_monotonic)
+    loader = main_loader(evidence.loaders)
     notes.extend(noise.noise_notes(spread, contention, waiting_workers=evidence.workers is not None
-                                   and evidence.workers.wait and fractions.data_wait > DATA_WAIT_BOUND))
+                                   and evidence.workers.wait and fractions.data_wait > DATA_WAIT_BOUND,
+                                   periodic=evidence.periodic, restarted_workers=loader.num_workers if loader
+                                   and not (loader.persistent_workers or loader.thread_backed) else 0))
     recommendations = recommend(evidence) if records else []
     notes.extend(not_offered(evidence))
     probe = evidence.thread_probe
@@ -122,4 +125,6 @@ def _observed_json(evidence: Evidence, observed: Observations, *, gpu_util: floa
         "thread_probe": {"threads": probe[0], "compute_slowdown": probe[1]} if probe else None,
         "trials": evidence.trials.to_json() if evidence.trials is not None else None,
         "workers": evidence.workers.to_json() if evidence.workers is not None else None,
+        "epoch_starts": list(evidence.epoch_starts),
+        "periodic": evidence.periodic.to_json() if evidence.periodic is not None else None,
     }

@@ -107,6 +107,12 @@ class Evidence:
     cycle: str | None = None  # "whole"/"partial": the loop collects between updates (timeline.py)
     # how the training loader's workers spent the measured steps (workers.py `WorkerTime`); None: not measured
     workers: Any = None
+    # steps slow at a period (periodic.py `Periodic`): each epoch's first, or every N-th; None: none stood out
+    periodic: Any = None
+    # what the epoch starts in the measured window cost (periodic.py `epoch_cost`), standing out or not; None with
+    # fewer than 2 of them there
+    epoch_cost: Any = None
+    epoch_starts: tuple[int, ...] = ()  # the measured steps in which a training loader's new epoch began
 
     @property
     def scaler_skip_fraction(self) -> float | None:

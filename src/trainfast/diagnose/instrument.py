@@ -217,6 +217,8 @@ class _TimedIterator:
         if stats.batch_size and samples > stats.batch_size:  # not a batch dimension (a first tensor of points)
             samples = stats.batch_size
         inst.timeline.fetched(asked, got, samples)
+        if first:
+            inst.timeline.epoch_began()
         if not inst.device_timer.settled:
             inst.saw_batch(batch)
         if inst.events is not None and inst.timeline.in_measured_step:

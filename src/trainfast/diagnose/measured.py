@@ -11,6 +11,7 @@ from trainfast.diagnose.classify import Fractions
 from trainfast.diagnose.evidence import Evidence
 from trainfast.diagnose.instrument import Instrumentation, Observations
 from trainfast.diagnose.monitored import worker_private_growth
+from trainfast.diagnose.periodic import epoch_cost, periodic_steps
 from trainfast.diagnose.timeline import StepRecord, Timeline
 from trainfast.diagnose.worker_clock import WorkerTotals
 from trainfast.diagnose.workers import of_training
@@ -58,7 +59,9 @@ def evidence_of(timeline: Timeline, instrumentation: Instrumentation, records: l
         step_mean_s=total / len(records) if records else 0.0,
         trials=observed.trials, parameter_dtypes=frozenset(observed.parameter_dtypes), cycle=timeline.cycle,
         workers=of_training(instrumentation.loaders, monitor, timeline.measure_started_monotonic,
-                            timeline.measure_ended_monotonic, _clock_window(observed)))
+                            timeline.measure_ended_monotonic, _clock_window(observed)),
+        periodic=periodic_steps(records, timeline.epoch_starts), epoch_cost=epoch_cost(records, timeline.epoch_starts),
+        epoch_starts=tuple(timeline.epoch_starts))
 
 
 def _clock_window(observed: Observations) -> WorkerTotals | None:

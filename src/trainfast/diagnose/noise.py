@@ -10,6 +10,7 @@ import psutil
 
 from trainfast.diagnose.classify import share_interval
 from trainfast.diagnose.monitored import since_start
+from trainfast.diagnose.periodic import Periodic
 from trainfast.diagnose.timeline import StepRecord
 from trainfast.monitor import Monitor, percentile
 
@@ -54,20 +55,54 @@ def contention(monitor: Monitor | None, measuring_from: float | None) -> dict[st
 
 
 def noise_notes(spread: dict[str, float] | None, contention: dict[str, Any] | None, *,
-                waiting_workers: bool = False) -> list[str]:
+                waiting_workers: bool = False, periodic: Periodic | None = None, restarted_workers: int = 0
+                ) -> list[str]:
     """The spread and contention notes. `waiting_workers`: the loop waits on loader workers that wait on reads;
-    batches then arrive as the reads finish, a few at once, and steps alternate short and long by design."""
+    batches then arrive as the reads finish, a few at once, and steps alternate short and long by design.
+    `periodic`: steps slow at a period (periodic.py), named first; the spread of the other steps decides whether
+    anything is left to call uneven. `restarted_workers`: the training loader's workers, started anew each epoch.
+    Other processes' CPU (`contention`) is the only thing that makes a wide spread the machine's."""
     notes = []
-    if spread and spread["p50"] > 0 and spread["p90"] > NOISY_SPREAD * spread["p50"]:
-        why = (" because the batches arrive as the workers' reads finish, several at once and then none: the split's "
-               "shares are over all the measured steps" if waiting_workers else
-               ": the figures are unreliable; measure more steps (--steps) on a quieter machine")
-        notes.append(f"step times vary widely (p10 {spread['p10'] * 1e3:.1f} ms, p50 {spread['p50'] * 1e3:.1f} ms, "
+    contended = bool(contention and contention["other_cores_busy_mean"] >= CONTENTION_CORES)
+    wide = bool(spread and spread["p50"] > 0 and spread["p90"] > NOISY_SPREAD * spread["p50"])
+    if periodic is not None:
+        notes.append(_periodic_note(periodic, restarted_workers))
+        # the other steps: is anything left to call uneven?
+        wide = periodic.other_p90_s > NOISY_SPREAD * periodic.typical_s > 0
+        spread = {"p10": periodic.other_p10_s, "p50": periodic.typical_s, "p90": periodic.other_p90_s}
+    if wide and spread is not None:
+        which = "the other steps' times" if periodic is not None else "step times"
+        if waiting_workers:
+            why = (" because the batches arrive as the workers' reads finish, several at once and then none: the "
+                   "split's shares are over all the measured steps")
+        elif contended:
+            why = ": the figures are unreliable; measure more steps (--steps) on a quieter machine"
+        elif contention is None:  # other processes' CPU not measured: whose unevenness it is cannot be said
+            why = (": the figures are unreliable; measure more steps (--steps) (other processes' CPU use was not "
+                   "measured: whether they or the script's own steps make the spread is unknown)")
+        else:  # not the machine: other processes used little CPU while measuring
+            why = (f": the script's own steps are uneven (other processes kept only "
+                   f"{contention['other_cores_busy_mean']:.2f} of {contention['cores']} cores busy); the split's "
+                   "shares are over all the measured steps: measure more (--steps) to cover more of them")
+        notes.append(f"{which} vary widely (p10 {spread['p10'] * 1e3:.1f} ms, p50 {spread['p50'] * 1e3:.1f} ms, "
                      f"p90 {spread['p90'] * 1e3:.1f} ms){why}")
-    if contention and contention["other_cores_busy_mean"] >= CONTENTION_CORES:
+    if contended and contention is not None:
         siblings = contention.get("sibling_cores_busy_mean")
         who = (f"other processes (not counting this job's other ranks here, {siblings:.1f} cores)" if siblings
                else "other processes")
         notes.append(f"{who} kept {contention['other_cores_busy_mean']:.1f} of {contention['cores']} "
                      "cores busy while measuring: the script's figures include that contention")
     return notes
+
+
+def _periodic_note(periodic: Periodic, restarted_workers: int) -> str:
+    """"every 8th step (each epoch's first) takes 1.9 s against 0.8 s: ...", and what the doctor makes of it."""
+    if periodic.epoch_starts and restarted_workers:
+        why = (f"the loader restarts its {restarted_workers} worker(s) each epoch (the last epoch's shutdown, the "
+               "fork, the new workers filling their queues beside the step); see persistent_workers")
+    elif periodic.epoch_starts:
+        why = "each epoch's start (a new iterator over the loader: its first batches, a shuffle) costs that"
+    else:
+        why = "the script does something every that many steps (logging, a checkpoint, an evaluation)"
+    return (f"{periodic.phrase()}: {why}; {periodic.excess_s * 1e3:.0f} ms beyond the other steps each time, "
+            f"{periodic.excess_s / periodic.epoch_s:.0%} of the time")

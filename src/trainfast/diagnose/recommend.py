@@ -281,10 +281,13 @@ def pin_memory(e: Evidence) -> Recommendation | None:
 def persistent_workers(e: Evidence) -> Recommendation | None:
     loader = _main_loader(e)
     # Only once a second epoch began: a run of one epoch (or one stopped in its first) has no restart to save.
-    if (loader is None or loader.num_workers == 0 or loader.persistent_workers or len(loader.startup_s) < 2
-            or loader.epochs < 2):
+    if (loader is None or loader.num_workers == 0 or loader.persistent_workers or loader.thread_backed
+            or len(loader.startup_s) < 2 or loader.epochs < 2):  # (a ThreadLoader has no such setting)
         return None
     startup = sum(loader.startup_s[1:]) / len(loader.startup_s[1:])  # restarts (the first start stays)
+    cost = e.epoch_cost
+    if cost is not None:  # 2+ epoch starts measured: what their steps took beyond the others is the cost
+        return _restart_cost(loader, cost, startup)
     per_epoch = loader.batches_per_epoch
     if per_epoch is None:  # no len(): an epoch is what was seen, once a second one began (an upper bound)
         per_epoch = loader.batches // (loader.epochs - 1)
@@ -296,6 +299,22 @@ def persistent_workers(e: Evidence) -> Recommendation | None:
         "persistent_workers", "Keep the loader's workers alive between epochs",
         f"every epoch restarts {loader.num_workers} workers: {startup:.2f} s from iter() to the first batch"
         + (f", against a {epoch_s:.1f} s epoch" if epoch_s > 0 else ""),
+        "DataLoader(..., persistent_workers=True)", gain, overrides={"persistent_workers": True},
+        gain_basis="measured")
+
+
+def _restart_cost(loader: LoaderStats, cost: Any, startup: float) -> Recommendation | None:
+    """persistent_workers from the epoch-start steps' excess (periodic.py `Periodic`): the workers' fork, the last
+    epoch's shutdown and the new workers filling their queues beside the step, not iter() to the first batch alone.
+    None when the epoch starts did not stand out from the other steps: the restart hides within their spread."""
+    gain = cost.gain
+    if not cost.stands_out or gain is None or gain < 1.005:
+        return None
+    return Recommendation(
+        "persistent_workers", "Keep the loader's workers alive between epochs",
+        f"every epoch restarts {loader.num_workers} workers: {cost.phrase()}; that is {cost.excess_s * 1e3:.0f} ms "
+        f"beyond the other steps per epoch start, against a {cost.epoch_s:.2f} s epoch of {cost.period} steps "
+        f"({len(cost.starts)} epoch starts measured; {startup * 1e3:.0f} ms of it from iter() to the first batch)",
         "DataLoader(..., persistent_workers=True)", gain, overrides={"persistent_workers": True},
         gain_basis="measured")
 

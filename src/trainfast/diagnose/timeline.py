@@ -136,6 +136,7 @@ class _Step:
     partial: bool = False  # began mid-iteration: dropped, not counted
     end: float = 0.0
     optimizers: tuple[int, ...] = ()
+    epoch_began: bool = False  # a training loader's new iterator delivered its first batch in this step
 
     def absorb(self, later: _Step) -> None:
         """A later part of the same iteration (a second optimizer's step) joins this one."""
@@ -151,6 +152,7 @@ class _Step:
         self.evaluation_forwards += later.evaluation_forwards
         self.collect_forwards += later.collect_forwards
         self.optimizers += later.optimizers
+        self.epoch_began = self.epoch_began or later.epoch_began
 
 
 Row = tuple[float, float, float, float, float, int, int, float]  # a StepRecord's fields, in order
@@ -163,6 +165,7 @@ class _Phase:
     steps: int | None
     rows: list[Row] = field(default_factory=list)
     copies: dict[int, list[tuple[Any, float]]] = field(default_factory=dict)  # row index -> its device-timed copies
+    epoch_starts: list[int] = field(default_factory=list)  # the rows in which a training loader's epoch began
     seen: int = 0
     cyclic: bool = False  # the loop collects before some updates: the window spans whole cycles (module doc)
     closed: bool = False  # the window ended (a cyclic one, at the next collection step)
@@ -180,6 +183,7 @@ class _Phase:
     def reset(self) -> None:
         self.rows.clear()
         self.copies.clear()
+        self.epoch_starts.clear()
         self.seen, self.window_start, self.window_end, self.window_samples = 0, None, 0.0, 0
         self.settle()
 
@@ -230,6 +234,11 @@ class Timeline:
             cur.first_ask = asked
         cur.wait += got - asked
         cur.samples += samples
+
+    def epoch_began(self) -> None:
+        """The training batch just fetched was the first of its loader's new iterator: an epoch began in this step
+        (its worker start-up and the last epoch's shutdown are in it: periodic.py)."""
+        self._cur.epoch_began = True
 
     def evaluation_fetch(self) -> None:
         """A batch fetched with gradients off: this step spans an evaluation pass."""
@@ -472,6 +481,8 @@ class Timeline:
         wait, host = (step.wait, gap) if step.first_ask is not None or self.loader_fed else (step.wait + gap, 0.0)
         if step.copies:
             phase.copies[len(phase.rows)] = step.copies
+        if step.epoch_began:
+            phase.epoch_starts.append(len(phase.rows))
         phase.rows.append((step.end - self.started, step.end - start, wait, step.transfer, host, samples, step.syncs,
                            collect))
         phase.settle()
@@ -513,6 +524,12 @@ class Timeline:
     @property
     def records(self) -> list[StepRecord]:
         return self.phase_records(MEASURE)
+
+    @property
+    def epoch_starts(self) -> list[int]:
+        """The measured steps (indices into `records`) in which a training loader's new epoch delivered its first
+        batch."""
+        return list(self.phases[0].epoch_starts)
 
     @property
     def done(self) -> bool:
