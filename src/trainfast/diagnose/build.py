@@ -14,7 +14,7 @@ from trainfast.diagnose.classify import DATA_WAIT_BOUND, classify
 from trainfast.diagnose.evidence import Evidence, main_loader
 from trainfast.diagnose.instrument import Instrumentation, Observations
 from trainfast.diagnose.mfu import compute_entry, with_peak
-from trainfast.diagnose.recommend import not_offered, recommend, why_no_input_fix
+from trainfast.diagnose.recommend import not_offered, precision_may_pay, recommend, why_no_input_fix
 from trainfast.diagnose.report import Report
 from trainfast.diagnose.runfixes import WholeRun, whole_run_fixes
 from trainfast.diagnose.timeline import Timeline
@@ -50,7 +50,7 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, *, monito
                        intervals=intervals, loader_fed=timeline.input_source != "script") if records else None
     compute = compute_entry(instrumentation, records)
     if verdict is not None:
-        verdict = with_peak(verdict, compute, device)
+        verdict = with_peak(verdict, compute, device, precision_hint=precision_may_pay(evidence))
         if verdict.name == "input-bound" and evidence.workers is not None and timeline.input_source != "script":
             verdict = replace(verdict, reason=f"{verdict.reason}; {evidence.workers.phrase()}")
         evidence = replace(evidence, verdict=verdict.name)
@@ -119,6 +119,7 @@ def _observed_json(evidence: Evidence, observed: Observations, *, gpu_util: floa
         "scaler_steps": evidence.scaler_steps, "scaler_skipped_steps": evidence.scaler_skipped_steps,
         "syncs_per_step": evidence.syncs_per_step, "conv_weights": evidence.conv_weights,
         "conv_weights_channels_last": evidence.conv_weights_channels_last,
+        "conv_weights_ambiguous": evidence.conv_weights_ambiguous, "input_layout": evidence.input_layout,
         "cudnn_benchmark": evidence.cudnn_benchmark, "gpu_util_mean": gpu_util,
         "gpu_util_devices": gpu_util_devices, "device_busy_fraction": device_busy,
         "jpeg_decoded_pixels_median": evidence.jpeg_decoded_pixels,

@@ -86,6 +86,8 @@ class Evidence:
     graph_breaks: int = 0
     conv_weights: int = 0
     conv_weights_channels_last: int = 0
+    conv_weights_ambiguous: int = 0  # strides that fit both layouts (depthwise kernels): no evidence either way
+    input_layout: str | None = None  # the model's first 4-D input: "channels_last" or "contiguous"
     cudnn_benchmark: bool = False
     gpu_memory_fraction: float | None = None  # peak allocated / total
     jpeg_decoded_pixels: float | None = None  # median pixels per decoded JPEG (main process)
@@ -113,6 +115,11 @@ class Evidence:
     # fewer than 2 of them there
     epoch_cost: Any = None
     epoch_starts: tuple[int, ...] = ()  # the measured steps in which a training loader's new epoch began
+
+    @property
+    def conv_weights_nchw(self) -> int:
+        """Conv weights unambiguously NCHW: the ones channels_last would change."""
+        return self.conv_weights - self.conv_weights_channels_last - self.conv_weights_ambiguous
 
     @property
     def scaler_skip_fraction(self) -> float | None:

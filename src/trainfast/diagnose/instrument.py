@@ -38,6 +38,7 @@ import torch
 from PIL import ImageFile
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils._pytree import tree_leaves
 from torch.utils.data import DataLoader
 from torch.utils.data._utils import worker as worker_module
 from torch.utils.data._utils.fetch import _IterableDatasetFetcher, _MapDatasetFetcher
@@ -75,6 +76,10 @@ class Observations:
     parameter_dtypes: set[str] = field(default_factory=set)  # floating dtypes of the trained parameters
     conv_weights: int = 0
     conv_weights_channels_last: int = 0
+    # conv weights whose strides fit both layouts (a depthwise (C, 1, k, k) kernel, a 1-channel input's): they say
+    # nothing of the layout the script chose
+    conv_weights_ambiguous: int = 0
+    input_layout: str | None = None  # of the model's first 4-D input: "channels_last" or "contiguous"
     autocast: set[tuple[str, str]] = field(default_factory=set)  # (device, dtype) entered and enabled
     scaler_steps: int = 0
     scaler_found_inf: dict[str, torch.Tensor] = field(default_factory=dict)  # per device, summed on it
@@ -128,6 +133,13 @@ def _timed(clock: WorkerClock, fetch: Callable[[Any, Any], Any]) -> Callable[[An
         with clock.timed():
             return fetch(fetcher, index)
     return timed_fetch
+
+
+def memory_layout(t: torch.Tensor) -> str:
+    """A 4-D tensor's layout: "channels_last", "contiguous" (NCHW), "ambiguous" (strides that fit both: a dimension
+    of size 1 where it decides) or "strided" (neither)."""
+    nchw, nhwc = t.is_contiguous(), t.is_contiguous(memory_format=torch.channels_last)
+    return "ambiguous" if nchw and nhwc else "contiguous" if nchw else "channels_last" if nhwc else "strided"
 
 
 def _to_destination(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:
@@ -564,6 +576,7 @@ class Instrumentation:
                                                                         keep_call=root)
         if id(module) not in self.last_calls:  # (a lookup, not a store, per forward: ~0.1 us less per step)
             self.last_calls[id(module)] = (module, (args, kwargs))
+            self._saw_input_layout(args, kwargs)
         if not self.device_timer.settled:
             self._saw_model(module)
         if timeline.loader_fed:  # batches come from a loader: its fetches start iterations and count samples
@@ -576,6 +589,15 @@ class Instrumentation:
         if self.events is not None and timeline.in_measured_step:
             self.events.batch_ready()
         return False
+
+    def _saw_input_layout(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The layout of a root's first 4-D floating input (once per root): a script that feeds channels_last images
+        uses the practice, whatever its weights' strides say."""
+        image = next((t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.dim() == 4
+                      and t.is_floating_point()), None)
+        layout = memory_layout(image) if image is not None else None
+        if layout in ("channels_last", "contiguous") and self.observed.input_layout != "channels_last":
+            self.observed.input_layout = layout
 
     def _input_samples(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
         first = args[0] if args else None
@@ -692,5 +714,9 @@ class Instrumentation:
         convs = [p for p in weights if p.dim() == 4 and math.prod(p.shape[2:]) > 1 and id(p) not in self._convs]
         self._convs.update(id(p) for p in convs)
         observed.conv_weights += len(convs)
-        observed.conv_weights_channels_last += sum(
-            1 for p in convs if p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous())
+        for p in convs:
+            layout = memory_layout(p)
+            if layout == "channels_last":
+                observed.conv_weights_channels_last += 1
+            elif layout == "ambiguous":
+                observed.conv_weights_ambiguous += 1

@@ -48,6 +48,7 @@ def evidence_of(timeline: Timeline, instrumentation: Instrumentation, records: l
         compiled=compiled, recompiled_frames=recompiled, graph_breaks=breaks, conv_weights=observed.conv_weights,
         conv_weights_channels_last=observed.conv_weights_channels_last,
         cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
+        conv_weights_ambiguous=observed.conv_weights_ambiguous, input_layout=observed.input_layout,
         gpu_memory_fraction=_gpu_memory_fraction(device, observed.device_index) if final else None,
         jpeg_decoded_pixels=decoded,
         wait_spike_ratio=percentile(waits, 95) / mean_wait if mean_wait > 0 else None,

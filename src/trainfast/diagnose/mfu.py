@@ -22,8 +22,12 @@ COUNTED = ("one whole training step after the measured ones, as the script ran i
 
 
 def compute_entry(instrumentation: Instrumentation, records: list[StepRecord]) -> dict[str, Any] | None:
-    """The report's `compute` entry: the counted step's FLOPs over the mean measured step, against the peak at the
-    run's precision and thread count (a datasheet's dense figure for a known GPU, else measured: flops.py)."""
+    """The report's `compute` entry: the counted step's FLOPs over the mean measured step, against the peak of the
+    fastest path the run's precision takes at its thread count (a datasheet's dense figure for a known GPU, else
+    measured: flops.py). Under autocast that is the faster of the autocast dtype's peak and float32's: autocast
+    runs part of the step in float32, and where the device emulates the low precision (bf16 on a CPU without
+    AVX512-BF16 or AMX: 1.35 GFLOP/s against several times that in fp32) its own peak is below what a healthy
+    run achieves."""
     if not records:
         return None
     flops = instrumentation.observed.flops_per_step
@@ -37,26 +41,34 @@ def compute_entry(instrumentation: Instrumentation, records: list[StepRecord]) -
     dtype = getattr(torch, dtype_name, torch.float32)
     try:
         peak = peak_flops(device, dtype, threads=observed.threads or None)
+        if autocast and dtype != torch.float32:
+            peak = max(peak, peak_flops(device, torch.float32, threads=observed.threads or None),
+                       key=lambda p: p.flops_per_s)
     except (RuntimeError, ValueError) as e:  # a dtype without matmuls on this device
         return {"flops_per_step": flops, "reason": f"no peak for {dtype_name} on {device}: {e}"}
     step_s = statistics.fmean(r.total_s for r in records)
     return utilisation(flops, step_s, peak).to_json() | {"covers": COUNTED, "reason": None}
 
 
-def with_peak(verdict: Verdict, compute: dict[str, Any] | None, device: str = "cuda") -> Verdict:
-    """A compute-bound verdict says how far from the peak the compute runs, which decides the fix."""
+def with_peak(verdict: Verdict, compute: dict[str, Any] | None, device: str = "cuda",
+              precision_hint: bool = True) -> Verdict:
+    """A compute-bound verdict says how far from the peak the compute runs, which decides the fix. `precision_hint`
+    False: the report measured another precision no faster (or the run's own slower), so none is suggested."""
     mfu = compute.get("mfu") if compute else None
     if verdict.name != "compute-bound" or mfu is None or compute is None:
         return verdict
     source = "a datasheet's" if str(compute["peak_source"]).startswith("table") else "a measured"
     where = f"model FLOPs utilisation {mfu:.0%} of {source} {compute['peak_precision']} peak"
     if mfu >= NEAR_PEAK:
+        faster = " or a faster precision" if precision_hint else ""
         advice = ("near the hardware's limit at this precision: only less work (a smaller model, fewer FLOPs per "
-                  "sample) or a faster precision helps")
+                  f"sample){faster} helps")
     elif mfu < FAR_BELOW_PEAK:
-        graphs = ", CUDA graphs" if device == "cuda" else ""
-        advice = ("far below the peak: small kernels, launch overhead, layout or precision hold it back "
-                  f"(torch.compile, a larger batch, mixed precision{graphs})")
+        hints = ["torch.compile", "a larger batch"] + (["mixed precision"] if precision_hint else []) + \
+            (["CUDA graphs"] if device == "cuda" else [])
+        held = "layout or precision" if precision_hint else "layout"
+        advice = (f"far below the peak: small kernels, launch overhead, {held} hold it back "
+                  f"({', '.join(hints)})")
     else:
         advice = "between the two: both more efficient kernels and less work can help"
     return Verdict(verdict.name, f"{verdict.reason}; {where}: {advice}")

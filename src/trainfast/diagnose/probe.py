@@ -4,7 +4,8 @@ When the measured steps end (a hook, while the script is alive), each model the 
 must not change: a forward in training mode moves BatchNorm's statistics, a backward fills gradients) and its
 forward + backward on its first training input (detached: a GAN's discriminator saw the generator's output),
 with the gradient of the outputs' mean as a stand-in for the script's loss, is timed, all models in turn, as they
-ran ("base") and with each candidate: bf16/fp16 autocast, channels_last, another intra-op
+ran ("base") and with each candidate: bf16/fp16 autocast, or float32 where the script autocasts (its own
+choice is a candidate too: emulated bf16 runs several times slower than fp32), channels_last, another intra-op
 thread count. Base and candidate alternate, `ROUNDS` times after a warm-up each (oneDNN builds its bf16 and NHWC
 kernels on the first call), and the factor is the median of the rounds' base / candidate ratios, with their
 spread. A candidate is `faster` only when that median clears `MARGIN` and most rounds agree: a 3 % edge on this
@@ -17,17 +18,24 @@ a slower one only delays its peers' next all-reduce.
 
 A candidate is not tried where it cannot apply (autocast leaves float64 alone; channels_last without a 2-D
 convolution) or where the budget left cannot hold its rounds; the reason is kept, and its recommendation, if any,
-is labelled an estimate.
+is labelled an estimate. Each candidate stands alone: one whose preparation or replay fails is kept with the error
+and the doctor's step that failed (`failed`), and the others still run.
+
+A model that cannot be copied (a wrapper holding a lock, a hook or a process group) is replayed in place when the
+process trains alone: its gradients are put aside and its buffers (BatchNorm's statistics) and parameters' data
+restored after every candidate. Under a process group it is not probed (a replay in place would issue collectives
+the other ranks are not in), and the reason says so.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +68,8 @@ class Trial:
     reason: str | None = None  # why not measured
     value: Any = None  # the setting itself (a dtype name, a thread count)
     applies: bool = True  # False: the fix cannot apply to this run (autocast on float64): it is not offered
+    failed: bool = False  # the doctor's own preparation or replay of it failed (`reason` says which and how)
+    replays: float = 1.0  # forward + backward passes of the models per training step (gradient accumulation: 2+)
 
     @classmethod
     def of_rounds(cls, id: str, setting: str, ratios: list[float], bases: list[float], value: Any) -> Trial:
@@ -78,10 +88,11 @@ class Trial:
 
     def gain(self, compute_share: float, compute_s: float) -> float | None:
         """The whole step's gain (Amdahl) when the replayed part of its compute runs `factor` times faster: the
-        replay covers `base_s` of the step's `compute_s` of compute, which is `compute_share` of the step."""
+        step's `replays` passes cover `replays * base_s` of its `compute_s` of compute, which is `compute_share` of
+        the step."""
         if self.factor is None or self.base_s is None or compute_s <= 0:
             return None
-        part = compute_share * min(1.0, self.base_s / compute_s)
+        part = compute_share * min(1.0, self.replays * self.base_s / compute_s)
         return 1.0 / (1.0 - part + part / self.factor)
 
     def spread(self) -> str:
@@ -90,7 +101,7 @@ class Trial:
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "setting": self.setting, "factor": self.factor, "low": self.low, "high": self.high,
                 "rounds": self.rounds, "faster_rounds": self.faster_rounds, "base_s": self.base_s,
-                "reason": self.reason, "applies": self.applies}
+                "reason": self.reason, "applies": self.applies, "failed": self.failed, "replays": self.replays}
 
 
 @dataclass
@@ -101,9 +112,10 @@ class Trials:
     model: str | None = None  # the model replayed (its class)
     seconds: float = 0.0  # the probe's own time
     reason: str | None = None  # why no replay at all
+    in_place: bool = False  # the models could not be copied and were replayed in place (module doc)
 
     def get(self, key: str) -> Trial | None:
-        """The trial of "amp", "channels_last" or "threads:N"."""
+        """The trial of "amp", "fp32", "channels_last" or "threads:N"."""
         return self.trials.get(key)
 
     def thread_probe(self) -> tuple[int, float] | None:
@@ -114,7 +126,7 @@ class Trials:
         return (fewest[0], 1 / fewest[1]) if fewest is not None else None
 
     def to_json(self) -> dict[str, Any]:
-        return {"model": self.model, "seconds": self.seconds, "reason": self.reason,
+        return {"model": self.model, "seconds": self.seconds, "reason": self.reason, "in_place": self.in_place,
                 "covers": "one forward and backward of each model on its first training input (the gradient of the "
                           "outputs' mean stands in for the loss; the optimizer step is not in it)",
                 "trials": [t.to_json() for t in self.trials.values()]}
@@ -127,7 +139,7 @@ class Candidate:
     value: Any
     # a context for the candidate's calls, and a function giving its (model, args, kwargs) from the base's
     context: Callable[[], contextlib.AbstractContextManager[Any]]
-    prepare: Callable[[Part], Part] | None = None
+    prepare: Callable[[Part, bool], Part] | None = None  # (part, whether to copy the model first)
     # around a whole call, outside its timing: a thread count (set_num_threads is not the step's own time)
     setup: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
@@ -195,21 +207,71 @@ class _CannotReplay(Exception):
     pass
 
 
-def _channels_last(part: Part) -> Part:
+def _channels_last(part: Part, copied: bool = True) -> Part:
+    """The part in NHWC: the 4-D parameters and buffers of a copy of the model (of the model itself when it is
+    replayed in place: `_Restore` puts them back), converted tensor by tensor, not through the model's `.to()`,
+    which a wrapper may define otherwise (or refuse), and its 4-D inputs."""
     model, inputs = part
-    model = copy.deepcopy(model).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    if copied:
+        model = copy.deepcopy(model)
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.dim() == 4:
+            t.data = t.data.contiguous(memory_format=torch.channels_last)
     return model, tree_map(lambda t: t.contiguous(memory_format=torch.channels_last)
                            if isinstance(t, torch.Tensor) and t.dim() == 4 else t, inputs)
+
+
+def _twin(model: nn.Module) -> nn.Module:
+    """A copy of the model to replay. A `forward` set on the instance (a library's wrapper of it) may close over the
+    original model, which the replay must not touch: the copy uses its class's forward unless its own is bound to
+    the copy (the script's autocast, which such wrappers add, is the replay's base context anyway)."""
+    twin = copy.deepcopy(model)
+    forward = vars(twin).get("forward")
+    if forward is not None and getattr(forward, "__self__", None) is not twin:
+        del twin.forward
+    twin.train(model.training)
+    return twin
+
+
+class _Restore:
+    """A model replayed in place: its gradients put aside while the probe runs, its parameters' data (a candidate's
+    layout) and buffers (BatchNorm's running statistics) put back after each candidate, and the gradients at the
+    end."""
+
+    def __init__(self, models: list[nn.Module]) -> None:
+        self.params = [p for m in models for p in m.parameters()]
+        self.data = [p.data for p in self.params]
+        self.grads = [p.grad for p in self.params]
+        self.buffers = [(b, b.detach().clone()) for m in models for b in m.buffers()]
+        for p in self.params:
+            p.grad = None
+
+    def state(self) -> None:
+        with torch.no_grad():
+            for p, data in zip(self.params, self.data, strict=True):
+                p.data = data
+            for b, saved in self.buffers:
+                b.copy_(saved)
+
+    def close(self) -> None:
+        self.state()
+        for p, grad in zip(self.params, self.grads, strict=True):
+            p.grad = grad
 
 
 def candidates(*, device: torch.device, autocast: tuple[tuple[str, str], ...], parameter_dtypes: set[str],
                bf16_native: bool, nchw_convs: int, threads: int, thread_counts: tuple[int, ...]
                ) -> tuple[list[Candidate], dict[str, Trial]]:
-    """The candidates worth timing for this run, and the trials that cannot apply (with why)."""
+    """The candidates worth timing for this run, and the trials that cannot apply (with why). The script's own
+    choices are candidates too: its autocast is timed against float32."""
     tried: list[Candidate] = []
     skipped: dict[str, Trial] = {}
-    if autocast:
-        pass  # the script chose its precision: nothing to add (the bf16 rule reads its scaler instead)
+    script_dtype = next((dtype for kind, dtype in autocast if kind == device.type), None)
+    if script_dtype is not None:
+        tried.append(Candidate("fp32", f"float32 (the script's {script_dtype} autocast off)", "float32",
+                               lambda: torch.autocast(device.type, enabled=False)))
+    elif autocast:
+        pass  # autocast on another device than the model's: nothing here to time
     elif parameter_dtypes and parameter_dtypes != {"float32"}:
         skipped["amp"] = Trial("amp", "mixed precision", applies=False, reason=f"the model's parameters are "
                                f"{', '.join(sorted(parameter_dtypes))}: autocast changes only float32 work")
@@ -247,10 +309,10 @@ def _detached(inputs: Any) -> Any:
 
 
 def run_trials(calls: list[tuple[nn.Module, Any]], tried: list[Candidate], *,
-               base_autocast: tuple[tuple[str, str], ...], budget_s: float,
+               base_autocast: tuple[tuple[str, str], ...], budget_s: float, replays: float = 1.0,
                clock: Callable[[], float] = time.perf_counter) -> Trials:
     """Copy each model of `calls` ((model, (args, kwargs)) of its last training forward), then time each candidate
-    against the base within `budget_s` (module doc)."""
+    against the base within `budget_s` (module doc). `replays`: forward + backward passes of the models per step."""
     started = clock()
     models: dict[int, Part] = {}
     for module, inputs in calls:  # a model reached through two wrappers is one
@@ -262,38 +324,90 @@ def run_trials(calls: list[tuple[nn.Module, Any]], tried: list[Candidate], *,
         out.reason = "the model has no parameters"
         return out
     device = params[0].device
-    parts: list[Part] = []
-    for model, inputs in models.values():
-        try:
-            twin = copy.deepcopy(model)
-        except Exception as e:  # a module holding something a copy cannot take (a file, a lock, a process group)
-            out.reason = f"{type(model).__name__} could not be copied ({type(e).__name__}: {e})"
+    try:
+        parts = [(_twin(model), _detached(inputs)) for model, inputs in models.values()]
+    except Exception as e:  # a module holding something a copy cannot take (a file, a lock, a process group)
+        name = next(type(m).__name__ for m, _ in models.values())
+        why = f"{name} could not be copied ({type(e).__name__}: {_first_line(e)})"
+        if _distributed():
+            out.reason = (f"{why}, and a replay in place would issue the model's collectives, which the job's other "
+                          "ranks are not in: no candidate was timed")
             return out
-        twin.train(model.training)
-        parts.append((twin, _detached(inputs)))
+        out.in_place, parts = True, [(model, _detached(inputs)) for model, inputs in models.values()]
+    restore = _Restore([m for m, _ in parts]) if out.in_place else None
     base = _Replay(parts, device, _script_autocast(device, base_autocast))
     try:
         base_s = statistics.median(base() for _ in range(WARMUP_CALLS + 1))
         for candidate in tried:
             left = budget_s - (clock() - started)
-            out.trials[candidate.key] = _trial(candidate, base, base_s, left)
+            trial = _trial(candidate, base, base_s, left, copied=restore is None)
+            out.trials[candidate.key] = dataclasses.replace(trial, replays=replays)
+            if restore is not None:
+                restore.state()
     except _CannotReplay as e:
         out.reason = str(e)
-    except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # an OOM, an op without a kernel for the candidate
-        out.reason = f"the replay failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+    except Exception as e:  # an OOM, an op the model cannot run outside the script's loop
+        out.reason = f"the doctor's replay of the model as the script ran it failed ({type(e).__name__}: " \
+                     f"{_first_line(e)})"
+    finally:
+        if restore is not None:
+            restore.close()
     out.seconds = clock() - started
     return out
 
 
-def _trial(candidate: Candidate, base: _Replay, base_s: float, budget_s: float) -> Trial:
-    # the candidate's own copies of the models, when it changes them (channels_last)
-    parts = [candidate.prepare(part) for part in base.parts] if candidate.prepare is not None else base.parts
-    cand = _Replay(parts, base.device, candidate.context, candidate.setup)
+def _tensors(parts: list[Part]) -> list[torch.Tensor]:
+    return [t for model, _ in parts for t in [*model.parameters(), *model.buffers()]]
+
+
+@contextlib.contextmanager
+def _changed_in_place(candidate: Candidate, parts: list[Part]) -> Iterator[None]:
+    """Around one call of a candidate that changes the models, replayed in place: changed, then put back."""
+    saved = [(t, t.data) for t in _tensors(parts)]
+    try:
+        with candidate.setup():
+            for part in parts:
+                assert candidate.prepare is not None
+                candidate.prepare(part, False)
+            yield
+    finally:
+        for t, data in saved:
+            t.data = data
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [""])[0][:200]
+
+
+def _distributed() -> bool:
+    return bool(torch.distributed.is_available() and torch.distributed.is_initialized()
+                and torch.distributed.get_world_size() > 1)
+
+
+def _trial(candidate: Candidate, base: _Replay, base_s: float, budget_s: float, *, copied: bool = True) -> Trial:
+    # the candidate's own copies of the models, when it changes them (channels_last); models replayed in place are
+    # changed around each of the candidate's calls and put back, so the base's calls between run them as they were
+    setup, parts = candidate.setup, base.parts
+    saved = [] if copied else [(t, t.data) for t in _tensors(base.parts)]
+    try:
+        if candidate.prepare is not None:
+            parts = [candidate.prepare(part, copied) for part in base.parts]
+            if not copied:
+                setup = functools.partial(_changed_in_place, candidate, base.parts)
+    except Exception as e:  # (a candidate's failure is its own: the others still run)
+        return Trial(candidate.id, candidate.setting, value=candidate.value, failed=True,
+                     reason=f"the doctor's {candidate.setting} conversion of the model failed ({type(e).__name__}: "
+                            f"{_first_line(e)})")
+    finally:
+        for t, data in saved:  # (the candidate's inputs stay changed; its models are changed around each call)
+            t.data = data
+    cand = _Replay(parts, base.device, candidate.context, setup)
     try:
         first = [cand() for _ in range(WARMUP_CALLS)]
-    except RuntimeError as e:
-        return Trial(candidate.id, candidate.setting, reason=f"it failed on this model ({str(e).splitlines()[0]})",
-                     value=candidate.value)
+    except Exception as e:
+        return Trial(candidate.id, candidate.setting, value=candidate.value, failed=True,
+                     reason=f"the doctor's replay of the model under {candidate.setting} failed ({type(e).__name__}: "
+                            f"{_first_line(e)})")
     per_round = base_s + min(first)
     rounds = min(ROUNDS, int(max(0.0, budget_s - sum(first)) / per_round)) if per_round > 0 else ROUNDS
     if rounds < MIN_ROUNDS:

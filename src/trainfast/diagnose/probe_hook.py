@@ -10,8 +10,8 @@ import torch
 
 from trainfast.diagnose.instrument import Instrumentation
 from trainfast.diagnose.measured import bf16_native, device_of, evidence_of
-from trainfast.diagnose.probe import BUDGET_SHARE, MAX_PROBE_S, Trials, candidates, run_trials
-from trainfast.diagnose.recommend import num_workers
+from trainfast.diagnose.probe import BUDGET_SHARE, MAX_PROBE_S, Trials, candidates, run_trials, unwrap
+from trainfast.diagnose.recommend import cpu_threads_beside_workers, num_workers
 from trainfast.diagnose.timeline import MEASURE, Timeline
 from trainfast.flops import FlopCounter
 from trainfast.host import available_cpus
@@ -50,20 +50,25 @@ def gain_probe(timeline: Timeline, instrumentation: Instrumentation) -> Callable
         started = time.perf_counter()
         left = MAX_PROBE_S if timeline.deadline is None else max(0.0, timeline.deadline - started)
         observed = instrumentation.observed
+        models = len({id(unwrap(module)) for module, _ in calls})
+        # forward + backward passes per step, of each model: gradient accumulation replays the model more than once
+        replays = max(1.0, timeline.backwards / timeline.optimizer_steps / models) if timeline.optimizer_steps else 1.0
         index = observed.device_index
         device = torch.device(device_of(observed)) if index is None else torch.device(device_of(observed), index)
         threads = torch.get_num_threads()  # the script's, now
-        counts = {available_cpus()} | ({fewer} if (fewer := proposed_threads(timeline, instrumentation)) else set())
+        counts = {available_cpus()} | proposed_threads(timeline, instrumentation)
         tried, skipped = candidates(device=device, autocast=tuple(sorted(observed.autocast)),
                                     parameter_dtypes=observed.parameter_dtypes,
                                     bf16_native=bf16_native(device.type, observed.device_index),
-                                    nchw_convs=observed.conv_weights - observed.conv_weights_channels_last,
+                                    nchw_convs=0 if observed.input_layout == "channels_last" else
+                                    observed.conv_weights - observed.conv_weights_channels_last
+                                    - observed.conv_weights_ambiguous,
                                     threads=threads, thread_counts=tuple(sorted(counts)))
         instrumentation.paused = True
         try:
             with torch_settings():  # (a candidate's thread count is put back)
                 trials = run_trials(calls, tried, base_autocast=tuple(observed.autocast),
-                                    budget_s=min(MAX_PROBE_S, BUDGET_SHARE * left))
+                                    budget_s=min(MAX_PROBE_S, BUDGET_SHARE * left), replays=replays)
         finally:
             instrumentation.paused = False
             instrumentation.doctor_time(time.perf_counter() - started, "probe")
@@ -72,14 +77,16 @@ def gain_probe(timeline: Timeline, instrumentation: Instrumentation) -> Callable
     return on_phase_end
 
 
-def proposed_threads(timeline: Timeline, instrumentation: Instrumentation) -> int | None:
-    """The intra-op thread count the num_workers fix would propose on the CPU, if below the current one."""
+def proposed_threads(timeline: Timeline, instrumentation: Instrumentation) -> set[int]:
+    """The intra-op thread counts below the current one that a fix would propose on the CPU: the num_workers fix's,
+    and the cpu_threads fix's (the cores the loader's workers leave), each offered only once its trial measured it."""
     records = timeline.records
     if not records:
-        return None
+        return set()
     evidence = evidence_of(timeline, instrumentation, records)
-    fix = num_workers(evidence) if evidence.device == "cpu" else None
-    threads = (fix.overrides or {}).get("threads") if fix is not None else None
-    if threads is None or threads >= evidence.threads:
-        return None
-    return int(threads)
+    if evidence.device != "cpu":
+        return set()
+    fix = num_workers(evidence)
+    proposed = {int(t) for t in [(fix.overrides or {}).get("threads") if fix is not None else None,
+                                 cpu_threads_beside_workers(evidence)] if t is not None}
+    return {t for t in proposed if t < evidence.threads}

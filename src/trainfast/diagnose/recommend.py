@@ -211,22 +211,33 @@ def fewer_workers(e: Evidence) -> Recommendation | None:
         overrides={"num_workers": cap}, basis_reason=f"no gain to measure in one run: {VERIFY_IT}")
 
 
-def cpu_threads(e: Evidence) -> Recommendation | None:
-    """Workers and intra-op threads oversubscribing the cores when the model trains on the CPU."""
+def cpu_threads_beside_workers(e: Evidence) -> int | None:
+    """The intra-op threads that leave the loader's workers their cores, where workers and threads oversubscribe
+    the CPUs the model trains on; None where they do not (or the count is already that low)."""
     workers = sum(s.num_workers for s in e.loaders)
     if e.device != "cpu" or workers == 0 or e.threads + workers <= e.cpus or (e.workers is not None and e.workers.wait):
         return None  # (workers that mostly wait seldom hold a core the step's threads need)
     chosen = max(1, e.cpus - workers)
-    if chosen >= e.threads:
-        return None  # as few threads as there can be already: the workers alone oversubscribe the cores
+    return chosen if chosen < e.threads else None  # (fewer there cannot be: the workers alone oversubscribe)
+
+
+def cpu_threads(e: Evidence) -> Recommendation | None:
+    """Workers and intra-op threads oversubscribing the cores when the model trains on the CPU: offered only where
+    the model step at the fewer threads measured faster (fewer threads mostly cost more than the turns they save:
+    1 thread instead of 2 measured 0.83-0.84x under --verify on two public scripts)."""
+    chosen = cpu_threads_beside_workers(e)
+    trial = e.trials.get(f"threads:{chosen}") if chosen is not None and e.trials is not None else None
+    gain = trial.gain(e.fractions.compute, e.compute_s) if trial is not None and trial.faster else None
+    if chosen is None or trial is None or gain is None or gain < MIN_GAIN:
+        return None  # unmeasured or measured no faster (`not_offered` says which)
+    workers = sum(s.num_workers for s in e.loaders)
     return Recommendation(
         "cpu_threads", f"Give the model step {chosen} intra-op thread(s) (now {e.threads})",
-        f"{workers} loader worker(s) and {e.threads} intra-op threads share {e.cpus} CPUs: whenever a worker holds a "
-        "core, every parallel op waits for its descheduled thread (on this project's 2-CPU machine a step of a "
-        "small model went from 1.3 ms to 43 ms this way)",
-        f"torch.set_num_threads({chosen})  # or TrainConfig(cpu_threads='auto')", None,
-        overrides={"threads": chosen},
-        basis_reason=f"the cost shows only while the workers run beside the step: {VERIFY_IT}")
+        f"{workers} loader worker(s) and {e.threads} intra-op threads share {e.cpus} CPUs; the model's forward and "
+        f"backward ran {trial.factor:.2f}x as fast on {chosen} thread(s) ({trial.spread()}, measured on its own "
+        "input), and leave the workers their cores",
+        f"torch.set_num_threads({chosen})  # or TrainConfig(cpu_threads='auto')", gain,
+        overrides={"threads": chosen}, gain_basis="measured")
 
 
 def threads(e: Evidence) -> Recommendation | None:
@@ -333,6 +344,16 @@ def prefetch_factor(e: Evidence) -> Recommendation | None:
         basis_reason=f"how much of the spikes a deeper queue absorbs depends on their timing; {VERIFY_IT}")
 
 
+def _unprobed(e: Evidence, trial: Any) -> str | None:
+    """Why the doctor could not time a candidate it tried (its own step failed, or the model could not be replayed):
+    then no assumed gain is given either."""
+    if trial is not None and trial.failed:
+        return f"the doctor could not time it: {trial.reason}"
+    if trial is None and e.trials is not None and e.trials.reason:
+        return f"the doctor could not time it: {e.trials.reason}"
+    return None
+
+
 def _trial_or_reason(e: Evidence, key: str) -> tuple[Any, str | None]:
     """The replay's trial of a candidate (probe.py), or why there is none."""
     if e.trials is None:
@@ -351,6 +372,7 @@ def amp(e: Evidence) -> Recommendation | None:
         return None  # autocast changes only float32 work (a float64 model stays float64)
     trial, reason = _trial_or_reason(e, "amp")
     fix = f"with torch.autocast('{e.device}', dtype=torch.bfloat16): loss = ...  # or TrainConfig(precision='auto')"
+    unprobed = _unprobed(e, trial)
     if trial is not None and trial.measured:
         gain = trial.gain(e.fractions.compute, e.compute_s)
         if not trial.faster or gain is None or gain < MIN_GAIN:
@@ -373,11 +395,43 @@ def amp(e: Evidence) -> Recommendation | None:
         dtype = title = "bfloat16" if e.bf16_supported else "float16 with a GradScaler"
         speedup = AMP_COMPUTE_SPEEDUP
         why = f"tensor cores run {dtype.split()[0]} several times faster than fp32"
+    if unprobed is not None:  # the doctor's own replay failed: no figure it could not measure
+        return Recommendation(
+            "amp", f"Train in mixed precision ({title})",
+            f"no autocast was seen; compute is {e.fractions.compute:.0%} of each step and {why}; not measured here",
+            fix, None, basis_reason=unprobed)
     return Recommendation(
         "amp", f"Train in mixed precision ({title})",
         f"no autocast was seen; compute is {e.fractions.compute:.0%} of each step and {why} (an estimate: assumed "
         f"{speedup}x on compute; check loss curves)", fix,
         _speedup_of_part(e.fractions.compute, speedup), basis_reason=f"not measured: {reason}; {NEEDS_EDIT}")
+
+
+def fp32(e: Evidence) -> Recommendation | None:
+    """The script's own autocast, measured slower than float32 (a CPU that emulates bf16: 4.5-5.5x on a public
+    image-classification script): the fix reverses its choice, ranked by its measured gain like any other."""
+    trial = e.trials.get("fp32") if e.trials is not None else None
+    gain = trial.gain(e.fractions.compute, e.compute_s) if trial is not None and trial.faster else None
+    if trial is None or gain is None or gain < MIN_GAIN:
+        return None
+    dtype = next((d for kind, d in e.autocast if kind == e.device), "reduced-precision")
+    native = ("this CPU has no native bf16 (AMX, AVX512-BF16): it emulates it" if e.device == "cpu" and
+              dtype == "bfloat16" and not e.bf16_supported else f"{dtype} does not pay on this device for this model")
+    return Recommendation(
+        "fp32", f"Train in float32: drop the {dtype} autocast",
+        f"the script trains under {dtype} autocast, and {native}: the model's forward and backward ran "
+        f"{trial.factor:.2f}x as fast in float32 ({trial.spread()}, measured on its own input), on the "
+        f"{e.fractions.compute:.0%} of the step that is compute",
+        f"remove the torch.autocast('{e.device}', dtype=torch.{dtype}) block (or the script's --amp flag)  # or "
+        "TrainConfig(precision='auto'), which measures both", gain, overrides={"autocast": False},
+        gain_basis="measured")
+
+
+def precision_may_pay(e: Evidence) -> bool:
+    """Whether another precision is worth a hint: not where the run autocasts already (its own precision was
+    measured against float32: `fp32`) or where mixed precision was measured no faster or cannot apply."""
+    trial = e.trials.get("amp") if e.trials is not None else None
+    return not e.autocast and not (trial is not None and (not trial.applies or (trial.measured and not trial.faster)))
 
 
 def bf16(e: Evidence) -> Recommendation | None:
@@ -413,10 +467,10 @@ def compile_model(e: Evidence) -> Recommendation | None:
 
 
 def channels_last(e: Evidence) -> Recommendation | None:
-    nchw = e.conv_weights - e.conv_weights_channels_last
+    nchw = e.conv_weights_nchw  # (weights whose strides fit both layouts say nothing)
     mixed = bool(e.autocast)
-    if nchw <= 0 or e.fractions.compute < 0.3:
-        return None
+    if nchw <= 0 or e.input_layout == "channels_last" or e.fractions.compute < 0.3:
+        return None  # already in use: the weights or the images the model receives are NHWC
     fix = ("model = model.to(memory_format=torch.channels_last); x = x.to(memory_format=torch.channels_last)  "
            "# or TrainConfig(channels_last='auto')")
     trial, reason = _trial_or_reason(e, "channels_last")
@@ -431,6 +485,11 @@ def channels_last(e: Evidence) -> Recommendation | None:
             "is compute", fix, gain, gain_basis="measured")
     if e.device == "cuda" and not mixed:
         return None
+    unprobed = _unprobed(e, trial)
+    if unprobed is not None:
+        return Recommendation(
+            "channels_last", "Use the channels_last (NHWC) memory format for the conv net",
+            f"{nchw} conv weight(s) are NCHW; not measured here", fix, None, basis_reason=unprobed)
     factor = CHANNELS_LAST_CPU_SPEEDUP if e.device == "cpu" else CHANNELS_LAST_GPU_SPEEDUP
     where = "oneDNN's fast layout on the CPU" if e.device == "cpu" else "what tensor cores read under autocast"
     return Recommendation(
@@ -539,7 +598,8 @@ def batch_size(e: Evidence) -> Recommendation | None:
 
 RULES: tuple[Callable[[Evidence], Recommendation | None], ...] = (
     num_workers, fewer_workers, cpu_threads, threads, in_memory, pin_memory, persistent_workers, prefetch_factor, amp,
-    bf16, compile_model, channels_last, cudnn_benchmark, host_sync, shm_size, decode_size, copy_on_read, batch_size)
+    fp32, bf16, compile_model, channels_last, cudnn_benchmark, host_sync, shm_size, decode_size, copy_on_read,
+    batch_size)
 
 
 def recommend(e: Evidence) -> list[Recommendation]:
@@ -550,13 +610,20 @@ def recommend(e: Evidence) -> list[Recommendation]:
 
 
 def not_offered(e: Evidence) -> list[str]:
-    """Notes for the candidates the replay measured and found no faster: the measurement that kept them out."""
+    """Notes for the candidates the replay measured and found no faster (the measurement that kept them out), the
+    ones the doctor could not time (its own step that failed), and a replay done in place or not at all."""
     if e.trials is None:
         return []
-    notes = []
+    notes = [f"no candidate fix was timed on the model: {e.trials.reason}"] if e.trials.reason else []
+    if e.trials.in_place:
+        notes.append(f"{e.trials.model} could not be copied, so the candidates were timed on the model itself, its "
+                     "gradients, buffers and layout put back after each")
     for key, trial in e.trials.trials.items():
-        if trial.measured and not trial.faster:
-            what = {"amp": "mixed precision", "channels_last": "channels_last"}.get(key, trial.setting)
+        what = {"amp": "mixed precision", "fp32": "float32", "channels_last": "channels_last"}.get(key, trial.setting)
+        if trial.failed:
+            notes.append(f"{what} not measured: {trial.reason} (each candidate is timed on its own: this failure "
+                         "stopped no other)")
+        elif trial.measured and not trial.faster:
             notes.append(f"{what} not recommended: the model's forward and backward under {trial.setting} ran "
                          f"{trial.factor:.2f}x as fast as the script's ({trial.spread()}, measured on its own "
                          f"input; a fix must be {MARGIN:.2f}x or more in most rounds)")

@@ -1,8 +1,9 @@
 """`trainfast doctor --verify`: measure each fix instead of estimating it.
 
 A fix with `overrides` can be injected into the unmodified script: `apply_overrides` patches
-`DataLoader.__init__` (num_workers, pin_memory, persistent_workers, prefetch_factor) and sets torch's
-global settings (intra-op threads, cudnn.benchmark, TF32) for as long as it is active.
+`DataLoader.__init__` (num_workers, pin_memory, persistent_workers, prefetch_factor), sets torch's
+global settings (intra-op threads, cudnn.benchmark, TF32) and turns the script's autocast off (`autocast`: false)
+for as long as it is active.
 
 `verify_fixes` re-runs the script once per fix, each in a fresh process (`python -m
 trainfast.diagnose.verify SPEC.json`, which runs the doctor inside `apply_overrides`), between two runs of
@@ -50,7 +51,7 @@ from trainfast.trainer.settings import set_tf32, torch_settings
 log = logging.getLogger("trainfast.diagnose.verify")
 
 LOADER_KEYS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
-SETTING_KEYS = ("threads", "cudnn_benchmark", "tf32")
+SETTING_KEYS = ("threads", "cudnn_benchmark", "tf32", "autocast")
 VALID_KEYS = LOADER_KEYS + SETTING_KEYS
 # DataLoader arguments only valid with worker processes: a num_workers=0 override drops them.
 WORKER_ONLY = ("persistent_workers", "prefetch_factor", "multiprocessing_context")
@@ -72,6 +73,8 @@ def check_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
                 raise ValueError(f"override {key}={value!r}: give an integer >= {low}")
         elif not isinstance(value, bool):
             raise ValueError(f"override {key}={value!r}: give true or false")
+        elif key == "autocast" and value:
+            raise ValueError("override autocast=true: only false (the script's autocast off) can be injected")
     return result
 
 
@@ -125,11 +128,25 @@ def _pin_threads(stack: ExitStack, threads: int) -> None:
     stack.enter_context(mock.patch.object(torch, "set_num_threads", set_num_threads))
 
 
+def _autocast_off(stack: ExitStack) -> None:
+    """Every autocast the script enters runs disabled (float32): `torch.autocast`, and the per-device classes
+    derived from it, are made with enabled=False."""
+    cls = torch.amp.autocast_mode.autocast
+    original = cls.__init__
+
+    def disabled(self: Any, *args: Any, **kwargs: Any) -> None:
+        bound = inspect.signature(original).bind(self, *args, **kwargs)
+        bound.arguments["enabled"] = False
+        original(*bound.args, **bound.kwargs)
+    stack.enter_context(mock.patch.object(cls, "__init__", disabled))
+
+
 @contextmanager
 def apply_overrides(overrides: Mapping[str, Any]) -> Iterator[None]:
     """While active: every DataLoader constructed takes the loader overrides, torch runs with `threads`
     intra-op threads (the script's own torch.set_num_threads calls are ignored), cudnn.benchmark and TF32 as
-    given. Everything is put back on exit, also on an exception. Unknown keys raise ValueError."""
+    given, and autocast off where `autocast` is false. Everything is put back on exit, also on an exception.
+    Unknown keys raise ValueError."""
     checked = check_overrides(overrides)
     with ExitStack() as stack:
         stack.enter_context(torch_settings())  # puts back the thread count, cudnn.benchmark and TF32
@@ -142,6 +159,8 @@ def apply_overrides(overrides: Mapping[str, Any]) -> Iterator[None]:
             torch.backends.cudnn.benchmark = checked["cudnn_benchmark"]
         if "tf32" in checked:
             set_tf32(checked["tf32"])  # either API, as the user's settings read (torch >= 2.9 has two)
+        if checked.get("autocast") is False:
+            _autocast_off(stack)
         yield
 
 

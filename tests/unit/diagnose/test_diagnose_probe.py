@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from trainfast.diagnose import probe
 from trainfast.diagnose.probe import MIN_ROUNDS, Candidate, Trial, candidates, run_trials, unwrap
 
 
@@ -78,7 +79,9 @@ def test_what_cannot_apply_is_not_tried() -> None:
     assert [c.key for c in tried] == ["channels_last", "threads:1"] and not skipped["amp"].applies
     tried, _ = candidates(device=cpu, autocast=(("cpu", "bfloat16"),), parameter_dtypes={"float32"},
                           bf16_native=True, nchw_convs=0, threads=1, thread_counts=(2,))
-    assert [c.key for c in tried] == ["threads:2"]  # the script chose its precision
+    assert [c.key for c in tried] == ["fp32", "threads:2"]  # the script's own precision is a candidate too
+    with tried[0].context(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
 
 
 def test_wrappers_are_unwrapped_to_the_model_a_copy_can_take() -> None:
@@ -91,9 +94,89 @@ def test_wrappers_are_unwrapped_to_the_model_a_copy_can_take() -> None:
     assert unwrap(Wrapper()) is inner and unwrap(inner) is inner
 
 
-def test_a_model_that_cannot_be_copied_gives_a_reason() -> None:
-    class Holding(nn.Linear):
-        def __deepcopy__(self, memo: object) -> None:
-            raise TypeError("cannot pickle '_thread.lock' object")
-    trials = run_trials([(Holding(2, 2), ((torch.randn(3, 2),), {}))], [], base_autocast=(), budget_s=1.0)
-    assert trials.reason is not None and "could not be copied" in trials.reason
+class ConvNet(nn.Module):
+    """A conv net with a depthwise kernel, whose strides fit both layouts, and a BatchNorm whose statistics move."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.depthwise = nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 3, groups=8)
+        self.norm, self.head = nn.BatchNorm2d(8), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.depthwise(self.conv(x))).mean((2, 3)))
+
+
+class Uncopyable(ConvNet):  # a wrapper holding a lock, a hook or a process group
+    def __deepcopy__(self, memo: object) -> None:
+        raise TypeError("cannot pickle '_thread.lock' object")
+
+
+class RefusesChannelsLast(ConvNet):  # a task wrapper whose .to() does its own thing (timm's refuses the format)
+    def to(self, *args: object, **kwargs: object) -> RefusesChannelsLast:
+        if "memory_format" in kwargs:
+            raise RuntimeError("required rank 4 tensor to use channels_last format")
+        return self
+
+
+def channels_last_and_threads() -> list[Candidate]:
+    cpu = torch.device("cpu")
+    tried, _ = candidates(device=cpu, autocast=(), parameter_dtypes={"float32"}, bf16_native=False, nchw_convs=1,
+                          threads=torch.get_num_threads(), thread_counts=(1,))
+    return tried
+
+
+def test_a_model_that_cannot_be_copied_is_replayed_in_place_and_put_back() -> None:
+    torch.manual_seed(0)
+    model = Uncopyable()
+    model(torch.randn(4, 3, 12, 12)).sum().backward()  # mid-accumulation: the script's gradients must survive
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    trials = run_trials([(model, ((torch.randn(4, 3, 12, 12),), {}))], channels_last_and_threads(), base_autocast=(),
+                        budget_s=20.0)
+    assert trials.in_place and trials.reason is None
+    assert trials.get("channels_last").measured and trials.get("channels_last").factor is not None
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())  # BatchNorm's statistics too
+    assert all(p.is_contiguous() for p in model.parameters())  # the layout put back
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads, strict=True))
+
+
+def test_a_model_that_cannot_be_copied_under_a_process_group_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probe, "_distributed", lambda: True)
+    trials = run_trials([(Uncopyable(), ((torch.randn(3, 3, 8, 8),), {}))], channels_last_and_threads(),
+                        base_autocast=(), budget_s=1.0)
+    assert trials.reason is not None and "could not be copied" in trials.reason and "other ranks" in trials.reason
+    assert not trials.trials
+
+
+def test_a_wrapper_refusing_the_layout_is_converted_tensor_by_tensor() -> None:
+    trials = run_trials([(RefusesChannelsLast(), ((torch.randn(2, 3, 8, 8),), {}))], channels_last_and_threads()[:1],
+                        base_autocast=(), budget_s=20.0)
+    assert trials.reason is None and trials.get("channels_last").measured
+
+
+def test_a_candidate_that_fails_is_reported_and_the_others_still_run() -> None:
+    def broken(part: object, copied: bool) -> object:
+        raise RuntimeError("required rank 4 tensor to use channels_last format")
+    model, inputs = model_and_input()
+    failing = Candidate("channels_last", "channels_last", True, contextlib.nullcontext, broken)
+    also = Candidate("amp", "nothing", "same", contextlib.nullcontext)
+    trials = run_trials([(model, inputs)], [failing, also], base_autocast=(), budget_s=10.0)
+    failed = trials.get("channels_last")
+    assert failed is not None and failed.failed and not failed.measured
+    assert "conversion of the model failed" in (failed.reason or "") and "rank 4" in (failed.reason or "")
+    assert trials.reason is None and trials.get("amp").measured
+
+
+def test_a_forward_set_on_the_instance_never_reaches_the_scripts_model() -> None:
+    """A library's wrapper of `forward` closes over the original model: the copy runs its class's forward."""
+    model, inputs = model_and_input()
+    calls = []
+    original = model.forward
+    model.forward = lambda *a, **k: (calls.append(1), original(*a, **k))[1]  # type: ignore[method-assign]
+    run_trials([(model, inputs)], [], base_autocast=(), budget_s=5.0)
+    assert calls == [] and all(p.grad is None for p in model.parameters())
+
+
+def test_gradient_accumulation_replays_cover_more_of_the_step() -> None:
+    trial = Trial("fp32", "float32", factor=4.0, base_s=0.05, rounds=7, faster_rounds=7, replays=2.0)
+    assert trial.gain(compute_share=1.0, compute_s=0.1) == pytest.approx(4.0)

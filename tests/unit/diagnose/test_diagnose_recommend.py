@@ -7,9 +7,11 @@ from typing import Any
 
 import pytest
 
-from trainfast.diagnose.classify import Fractions
+from trainfast.diagnose.classify import Fractions, Verdict
 from trainfast.diagnose.evidence import Evidence, LoaderStats
-from trainfast.diagnose.recommend import recommend, why_no_input_fix
+from trainfast.diagnose.mfu import with_peak
+from trainfast.diagnose.probe import Trial, Trials
+from trainfast.diagnose.recommend import not_offered, precision_may_pay, recommend, why_no_input_fix
 
 
 def loader(**overrides: Any) -> LoaderStats:
@@ -65,12 +67,23 @@ def test_no_worker_advice_when_not_input_bound_or_cores_are_used_up() -> None:
     assert "num_workers" not in ids(full)
 
 
-def test_cpu_threads_when_workers_and_threads_oversubscribe() -> None:
-    e = evidence(loaders=(loader(num_workers=2),), cpus=2, threads=2)
-    rec = next(r for r in recommend(e) if r.id == "cpu_threads")
+def thread_trials(factor: float) -> Trials:
+    return Trials(trials={"threads:1": Trial("threads", "1 intra-op thread(s)", factor=factor, low=factor,
+                                              high=factor, rounds=7, faster_rounds=7 if factor > 1 else 0,
+                                              base_s=0.1, value=1)})
+
+
+def test_cpu_threads_only_when_its_trial_measured_a_gain() -> None:
+    """Workers and threads oversubscribe the cores; fewer threads is offered only where the model step on them
+    measured faster (1 thread for 2 measured 0.84x under --verify on a public script)."""
+    e = evidence(loaders=(loader(num_workers=2),), cpus=2, threads=2, compute_s=0.1)
+    assert "cpu_threads" not in ids(e)  # not measured
+    assert "cpu_threads" not in ids(replace(e, trials=thread_trials(0.6)))  # measured slower
+    rec = next(r for r in recommend(replace(e, trials=thread_trials(1.25))) if r.id == "cpu_threads")
     assert "torch.set_num_threads(1)" in rec.fix and "2 loader worker(s) and 2 intra-op threads share 2 CPUs" in rec.why
-    assert "cpu_threads" not in ids(replace(e, threads=1, cpus=4))
-    assert "cpu_threads" not in ids(replace(e, device="cuda"))
+    assert rec.gain_basis == "measured" and rec.expected_gain == pytest.approx(1.25)
+    assert "cpu_threads" not in ids(replace(e, threads=1, cpus=4, trials=thread_trials(1.25)))
+    assert "cpu_threads" not in ids(replace(e, device="cuda", trials=thread_trials(1.25)))
 
 
 def test_no_thread_advice_that_changes_nothing() -> None:
@@ -251,3 +264,49 @@ def test_an_input_bound_step_with_no_input_fix_says_why() -> None:
     assert why_no_input_fix(replace(e, verdict="compute-bound"), recs) is None
     fixed = evidence(verdict="input-bound", fractions=INPUT_BOUND, loaders=(loader(),), device="cuda")
     assert why_no_input_fix(fixed, recommend(fixed)) is None  # num_workers addresses it
+
+
+def trial(id: str, factor: float | None, **fields: Any) -> Trial:
+    measured = {"low": factor, "high": factor, "rounds": 7, "faster_rounds": 7 if factor > 1 else 0,
+                "base_s": 0.1} if factor is not None else {}
+    return Trial(id, id, factor=factor, **(measured | fields))
+
+
+def test_the_scripts_own_precision_is_reversed_when_float32_measured_faster() -> None:
+    bf16_run = evidence(autocast=(("cpu", "bfloat16"),), compute_s=0.1, conv_weights=3)
+    assert "fp32" not in ids(bf16_run)  # not measured
+    faster = replace(bf16_run, trials=Trials(trials={"fp32": trial("fp32", 4.0)}))
+    top = recommend(faster)[0]
+    assert top.id == "fp32" and top.gain_basis == "measured" and top.expected_gain == pytest.approx(4.0)
+    assert "no native bf16" in top.why and top.overrides == {"autocast": False}
+    assert "fp32" not in ids(replace(bf16_run, trials=Trials(trials={"fp32": trial("fp32", 0.9)})))
+
+
+def test_a_candidate_the_doctor_failed_to_time_gets_no_assumed_gain() -> None:
+    failed = Trials(trials={"channels_last": trial("channels_last", None, failed=True,
+                                                   reason="the doctor's channels_last conversion failed")})
+    rec = next(r for r in recommend(evidence(conv_weights=5, trials=failed)) if r.id == "channels_last")
+    assert rec.expected_gain is None and "conversion failed" in (rec.basis_reason or "")
+    unprobed = Trials(reason="FSDPNet could not be copied (...), and a replay in place would issue collectives")
+    rec = next(r for r in recommend(evidence(device="cuda", trials=unprobed)) if r.id == "amp")
+    assert rec.expected_gain is None and "could not be copied" in (rec.basis_reason or "")
+    notes = not_offered(evidence(conv_weights=5, trials=failed))
+    assert any("channels_last not measured" in n and "stopped no other" in n for n in notes)
+    assert any("no candidate fix was timed" in n for n in not_offered(evidence(trials=unprobed)))
+
+
+def test_no_channels_last_for_a_practice_in_use() -> None:
+    """Depthwise kernels' strides fit both layouts: they are no sign of NCHW; nor is a model fed NHWC images."""
+    assert "channels_last" not in ids(evidence(conv_weights=5, conv_weights_channels_last=3,
+                                               conv_weights_ambiguous=2))
+    assert "channels_last" not in ids(evidence(conv_weights=5, input_layout="channels_last"))
+    assert "channels_last" in ids(evidence(conv_weights=5, conv_weights_ambiguous=2, input_layout="contiguous"))
+
+
+def test_no_precision_hint_where_the_report_measured_it_slower() -> None:
+    assert precision_may_pay(evidence())
+    assert not precision_may_pay(evidence(autocast=(("cpu", "bfloat16"),)))
+    assert not precision_may_pay(evidence(trials=Trials(trials={"amp": trial("amp", 0.5)})))
+    verdict = with_peak(Verdict("compute-bound", "x"), {"mfu": 0.05, "peak_source": "measured", "peak_precision":
+                                                        "fp32"}, "cpu", precision_hint=False)
+    assert "precision" not in verdict.reason and "torch.compile" in verdict.reason

@@ -121,6 +121,20 @@ def test_cudnn_benchmark_and_tf32(restored: None) -> None:
         assert torch.backends.cudnn.allow_tf32 is True
 
 
+def test_the_scripts_autocast_runs_disabled(restored: None) -> None:
+    """The fp32 fix: every autocast the script enters (positional or keyword `enabled`) computes in float32."""
+    ones = torch.ones(2, 2)
+    with apply_overrides({"autocast": False}):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert (ones @ ones).dtype == torch.float32
+        with torch.autocast("cpu", torch.bfloat16, True):
+            assert (ones @ ones).dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert (ones @ ones).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="only false"), apply_overrides({"autocast": True}):
+        pass
+
+
 def test_everything_restored_after_an_exception(restored: None) -> None:
     overrides = {"num_workers": 2, "threads": _other_thread_count(), "cudnn_benchmark": True, "tf32": True}
     with pytest.raises(RuntimeError, match="the script crashed"), apply_overrides(overrides):
