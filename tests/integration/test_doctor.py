@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import re
 import sys
@@ -13,6 +14,7 @@ import torch
 
 from trainfast.cli import main
 from trainfast.diagnose import run_doctor
+from trainfast.diagnose.noise import CONTENTION_CORES
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -87,6 +89,27 @@ def test_worker_start_methods(tiny_images: Path, context: str) -> None:
     assert report["loaders"][0]["num_workers"] == 2 and report["loaders"][0]["kind"] == f"DataLoader ({context})"
     assert report["steps_measured"] == 8 and report["verdict"] is not None
     assert any("only 8 of the 30 requested steps" in note for note in report["notes"])
+
+
+def test_workers_restarted_every_few_steps_are_periodic_steps_not_noise() -> None:
+    """A `cycle(loader)` generator re-iterates a loader of 2 workers that do not persist every 5 steps (a diffusion
+    trainer's loop): each epoch's first step is slow, measured as such, and costed for persistent_workers from its
+    excess, not from iter() to the first batch; no machine is blamed unless other processes used the CPU."""
+    run = run_doctor(str(SCRIPTS / "cycle_loader.py"), args=["--per-epoch", "5"], steps=18, warmup=2,
+                     probe_gains=False)
+    report = run.report.to_json()
+    assert run.exit_code == 0 and report["steps_measured"] == 18
+    periodic, starts = report["observed"]["periodic"], report["observed"]["epoch_starts"]
+    assert len(starts) >= 3 and {b - a for a, b in itertools.pairwise(starts)} == {5}, starts
+    assert periodic is not None and periodic["epoch_starts"] and periodic["period"] == 5, (periodic, report["timeline"])
+    assert periodic["steps"] == starts and periodic["excess_s"] > 0
+    rec = next(r for r in report["recommendations"] if r["id"] == "persistent_workers")
+    assert rec["gain_basis"] == "measured" and rec["expected_gain"] > 1.05, rec
+    assert "each epoch's first" in rec["why"] and "beyond the other steps per epoch start" in rec["why"]
+    notes = report["notes"]
+    assert any(n.startswith("every 5th step (each epoch's first)") and "persistent_workers" in n for n in notes), notes
+    contended = (report["contention"] or {}).get("other_cores_busy_mean", 0.0) >= CONTENTION_CORES
+    assert contended or not any("quieter machine" in n for n in notes), (notes, report["contention"])
 
 
 def test_sys_exit_is_reported_with_its_code() -> None:

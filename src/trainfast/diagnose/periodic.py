@@ -40,7 +40,7 @@ EPOCH_SLOW = 1.2
 # Occurrences needed: 2 epoch starts (each is marked, not guessed), 3 runs of slow steps for a period found from
 # the step times alone (2 equal gaps).
 MIN_EPOCH_STARTS = 2
-MIN_RUNS = 3
+MIN_RUNS = 4
 # A period found from the step times alone: this share of its steps are slow, and of the slow runs begin on it.
 ON_LATTICE = 0.75
 # Steps measured, at the least, before a period is looked for.
@@ -77,10 +77,12 @@ class Periodic:
     def phrase(self) -> str:
         """"every 8th step (each epoch's first) takes 1.9 s against 0.8 s", and the step after when it is slow too."""
         which = " (each epoch's first)" if self.epoch_starts else ""
-        after = ("" if self.span == 1 else f", and the step after it {_seconds(self._after_s())}" if self.span == 2
-                 else f", and the {self.span - 1} steps after it {_seconds(self._after_s())} on average")
-        return (f"every {_ordinal(self.period)} step{which} takes {_seconds(self.slow_s)} against "
-                f"{_seconds(self.typical_s)}{after}")
+        unit = self.slow_s >= 1  # seconds for all three, or milliseconds
+        after = ("" if self.span == 1 else f", and the step after it {_seconds(self._after_s(), unit)}"
+                 if self.span == 2 else
+                 f", and the {self.span - 1} steps after it {_seconds(self._after_s(), unit)} on average")
+        return (f"every {_ordinal(self.period)} step{which} takes {_seconds(self.slow_s, unit)} against "
+                f"{_seconds(self.typical_s, unit)}{after}")
 
     def _after_s(self) -> float:
         # the run's steps after its first, on average: from the excess, which is over the other steps' mean
@@ -91,7 +93,7 @@ class Periodic:
         return {"period": self.period, "steps": list(self.starts), "span": self.span,
                 "epoch_starts": self.epoch_starts, "slow_s": self.slow_s, "typical_s": self.typical_s,
                 "other_mean_s": self.other_mean_s, "excess_s": self.excess_s, "epoch_s": self.epoch_s,
-                "gain": self.gain, "stands_out": self.stands_out}
+                "gain": self.gain}
 
 
 def periodic_steps(records: Sequence[StepRecord], epoch_starts: Sequence[int] = ()) -> Periodic | None:
@@ -187,5 +189,5 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def _seconds(s: float) -> str:
-    return f"{s:.1f} s" if s >= 1 else f"{s * 1e3:.0f} ms"
+def _seconds(s: float, in_seconds: bool) -> str:
+    return f"{s:.2f} s" if in_seconds else f"{s * 1e3:.0f} ms"

@@ -12,10 +12,11 @@ A crash that is an out-of-memory error (CUDA's, or the CPU allocator's "can't al
 report's `oom` entry: where it happened, what the allocator held (read in the `except` block, while the failed
 step's tensors are still alive) and what to change (trainfast/oom.py, as the Trainer says it).
 
-When the measured steps end, the candidate fixes (mixed precision, channels_last, another intra-op thread count:
-on 2 CPUs a compute-heavy step can take 1.8x as long on one thread, which turns "more workers" into a slowdown) are
-timed on a copy of the script's model and its first training input (probe.py), within half the budget left; the report
-ranks them by those figures.
+When the measured steps end, the candidate fixes (mixed precision, or float32 where the script autocasts,
+channels_last, another intra-op thread count: on 2 CPUs a compute-heavy step can take 1.8x as long on one thread,
+which turns "more workers" into a slowdown) are timed on a copy of the script's model (the model itself, put back,
+where it cannot be copied) and its first training input (probe.py), within half the budget left; the report ranks them
+by those figures.
 
 Under torchrun (2+ ranks, each running the doctor) no rank stops on its own clock: one that stopped alone would
 leave its peers in an all-reduce it never joins (a hang until the collective's timeout, or a crash when its
