@@ -41,6 +41,10 @@ left out of the split too) over its wall time.
 Phases: the steps after the warm-up are measured in the "measure" phase; a caller may add phases (the
 runner measures a few steps at another thread count) from `on_phase_end`.
 
+Epoch starts: a measured step in which a training loader's new iterator delivered its first batch is marked
+(`epoch_starts`, a flag set at that fetch, no cost per step): with workers that do not persist, it holds their
+restart, and periodic.py takes what such steps cost from the step times.
+
 Stopping. Alone, the run stops (`StopMeasuring`) at the boundary where the steps are all measured or the deadline
 has passed. With a `StopAgreement` (the ranks of a torchrun job), a rank that wants to stop proposes a step a
 little ahead instead, and every rank stops at the step first proposed: a rank that stopped on its own would leave
