@@ -2,14 +2,14 @@
 
 When the measured steps end (a hook, while the script is alive), each model the script trains is copied (its state
 must not change: a forward in training mode moves BatchNorm's statistics, a backward fills gradients) and its
-forward + backward on its first training input (detached: a GAN's discriminator saw the generator's output),
-with the gradient of the outputs' mean as a stand-in for the script's loss, is timed, all models in turn, as they
-ran ("base") and with each candidate: bf16/fp16 autocast, or float32 where the script autocasts (its own
-choice is a candidate too: emulated bf16 runs several times slower than fp32), channels_last, another intra-op
-thread count. Base and candidate alternate, `ROUNDS` times after a warm-up each (oneDNN builds its bf16 and NHWC
-kernels on the first call), and the factor is the median of the rounds' base / candidate ratios, with their
-spread. A candidate is `faster` only when that median clears `MARGIN` and most rounds agree: a 3 % edge on this
-shared 2-core machine is within the noise of a single pair.
+forward + backward on its first training input (detached: a GAN's discriminator saw the generator's output), with
+the gradient of the outputs' mean as a stand-in for the script's loss, is timed, all models in turn, as they ran
+("base") and with each candidate: bf16/fp16 autocast, or float32 where the script autocasts (its own choice is a
+candidate too: emulated bf16 runs several times slower than fp32), channels_last, or NCHW where the script trains in
+channels_last, another intra-op thread count. Base and candidate alternate, `ROUNDS` times after a warm-up each
+(oneDNN builds its bf16 and NHWC kernels on the first call), and the factor is the median of the rounds' base /
+candidate ratios, with their spread. A candidate is `faster` only when that median clears `MARGIN` and most rounds
+agree: a 3 % edge on this shared 2-core machine is within the noise of a single pair.
 
 What a replay covers: one forward and backward of each model; the loss, the optimizer step and anything else the
 step does are not in it. Where the replay is shorter than the step's measured compute, the factor applies only to
@@ -115,7 +115,7 @@ class Trials:
     in_place: bool = False  # the models could not be copied and were replayed in place (module doc)
 
     def get(self, key: str) -> Trial | None:
-        """The trial of "amp", "fp32", "channels_last" or "threads:N"."""
+        """The trial of "amp", "fp32", "channels_last", "contiguous" or "threads:N"."""
         return self.trials.get(key)
 
     def thread_probe(self) -> tuple[int, float] | None:
@@ -207,17 +207,17 @@ class _CannotReplay(Exception):
     pass
 
 
-def _channels_last(part: Part, copied: bool = True) -> Part:
-    """The part in NHWC: the 4-D parameters and buffers of a copy of the model (of the model itself when it is
-    replayed in place: `_Restore` puts them back), converted tensor by tensor, not through the model's `.to()`,
-    which a wrapper may define otherwise (or refuse), and its 4-D inputs."""
+def _in_layout(layout: torch.memory_format, part: Part, copied: bool = True) -> Part:
+    """The part in `layout` (NHWC or NCHW): the 4-D parameters and buffers of a copy of the model (of the model itself
+    when it is replayed in place: `_Restore` puts them back), converted tensor by tensor, not through the model's
+    `.to()`, which a wrapper may define otherwise (or refuse), and its 4-D inputs."""
     model, inputs = part
     if copied:
         model = copy.deepcopy(model)
     for t in [*model.parameters(), *model.buffers()]:
         if t.dim() == 4:
-            t.data = t.data.contiguous(memory_format=torch.channels_last)
-    return model, tree_map(lambda t: t.contiguous(memory_format=torch.channels_last)
+            t.data = t.data.contiguous(memory_format=layout)
+    return model, tree_map(lambda t: t.contiguous(memory_format=layout)
                            if isinstance(t, torch.Tensor) and t.dim() == 4 else t, inputs)
 
 
@@ -260,10 +260,10 @@ class _Restore:
 
 
 def candidates(*, device: torch.device, autocast: tuple[tuple[str, str], ...], parameter_dtypes: set[str],
-               bf16_native: bool, nchw_convs: int, threads: int, thread_counts: tuple[int, ...]
-               ) -> tuple[list[Candidate], dict[str, Trial]]:
+               bf16_native: bool, nchw_convs: int, threads: int, thread_counts: tuple[int, ...],
+               channels_last_in_use: bool = False) -> tuple[list[Candidate], dict[str, Trial]]:
     """The candidates worth timing for this run, and the trials that cannot apply (with why). The script's own
-    choices are candidates too: its autocast is timed against float32."""
+    choices are candidates too: its autocast is timed against float32, its channels_last against NCHW."""
     tried: list[Candidate] = []
     skipped: dict[str, Trial] = {}
     script_dtype = next((dtype for kind, dtype in autocast if kind == device.type), None)
@@ -286,7 +286,11 @@ def candidates(*, device: torch.device, autocast: tuple[tuple[str, str], ...], p
                                       "fp32")
     base_context = _script_autocast(device, autocast)
     if nchw_convs:
-        tried.append(Candidate("channels_last", "channels_last", True, base_context, _channels_last))
+        tried.append(Candidate("channels_last", "channels_last", True, base_context,
+                               functools.partial(_in_layout, torch.channels_last)))
+    elif channels_last_in_use:
+        tried.append(Candidate("contiguous", "the NCHW layout (the script's channels_last off)", True, base_context,
+                               functools.partial(_in_layout, torch.contiguous_format)))
     if device.type == "cpu":
         for n in thread_counts:
             if n != threads and n >= 1:

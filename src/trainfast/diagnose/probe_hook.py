@@ -63,7 +63,9 @@ def gain_probe(timeline: Timeline, instrumentation: Instrumentation) -> Callable
                                     nchw_convs=0 if observed.input_layout == "channels_last" else
                                     observed.conv_weights - observed.conv_weights_channels_last
                                     - observed.conv_weights_ambiguous,
-                                    threads=threads, thread_counts=tuple(sorted(counts)))
+                                    threads=threads, thread_counts=tuple(sorted(counts)),
+                                    channels_last_in_use=observed.input_layout == "channels_last"
+                                    or observed.conv_weights_channels_last > 0)
         instrumentation.paused = True
         try:
             with torch_settings():  # (a candidate's thread count is put back)

@@ -499,6 +499,22 @@ def channels_last(e: Evidence) -> Recommendation | None:
         _speedup_of_part(e.fractions.compute, factor), basis_reason=f"not measured: {reason}; {NEEDS_EDIT}")
 
 
+def contiguous(e: Evidence) -> Recommendation | None:
+    """The script's channels_last, measured slower than NCHW (oneDNN and cuDNN lack fast NHWC kernels for some
+    shapes): the fix reverses its choice, ranked by its measured gain like any other."""
+    trial = e.trials.get("contiguous") if e.trials is not None else None
+    gain = trial.gain(e.fractions.compute, e.compute_s) if trial is not None and trial.faster else None
+    if trial is None or gain is None or gain < MIN_GAIN:
+        return None
+    return Recommendation(
+        "contiguous", "Train in the NCHW layout: drop channels_last",
+        f"the script trains in channels_last (NHWC); the model's forward and backward ran {trial.factor:.2f}x as "
+        f"fast in NCHW ({trial.spread()}, measured on its own input), on the {e.fractions.compute:.0%} of the step "
+        "that is compute", "remove model.to(memory_format=torch.channels_last) and the inputs' conversion (or the "
+        "script's --channels-last flag)  # or TrainConfig(channels_last='auto'), which measures both", gain,
+        gain_basis="measured")
+
+
 def cudnn_benchmark(e: Evidence) -> Recommendation | None:
     if e.device != "cuda" or e.conv_weights == 0 or e.cudnn_benchmark:
         return None
@@ -598,8 +614,8 @@ def batch_size(e: Evidence) -> Recommendation | None:
 
 RULES: tuple[Callable[[Evidence], Recommendation | None], ...] = (
     num_workers, fewer_workers, cpu_threads, threads, in_memory, pin_memory, persistent_workers, prefetch_factor, amp,
-    fp32, bf16, compile_model, channels_last, cudnn_benchmark, host_sync, shm_size, decode_size, copy_on_read,
-    batch_size)
+    fp32, bf16, compile_model, channels_last, contiguous, cudnn_benchmark, host_sync, shm_size, decode_size,
+    copy_on_read, batch_size)
 
 
 def recommend(e: Evidence) -> list[Recommendation]:
@@ -619,7 +635,8 @@ def not_offered(e: Evidence) -> list[str]:
         notes.append(f"{e.trials.model} could not be copied, so the candidates were timed on the model itself, its "
                      "gradients, buffers and layout put back after each")
     for key, trial in e.trials.trials.items():
-        what = {"amp": "mixed precision", "fp32": "float32", "channels_last": "channels_last"}.get(key, trial.setting)
+        what = {"amp": "mixed precision", "fp32": "float32", "channels_last": "channels_last",
+                "contiguous": "NCHW"}.get(key, trial.setting)
         if trial.failed:
             notes.append(f"{what} not measured: {trial.reason} (each candidate is timed on its own: this failure "
                          "stopped no other)")

@@ -80,6 +80,9 @@ def test_what_cannot_apply_is_not_tried() -> None:
     tried, _ = candidates(device=cpu, autocast=(("cpu", "bfloat16"),), parameter_dtypes={"float32"},
                           bf16_native=True, nchw_convs=0, threads=1, thread_counts=(2,))
     assert [c.key for c in tried] == ["fp32", "threads:2"]  # the script's own precision is a candidate too
+    nhwc, _ = candidates(device=cpu, autocast=(), parameter_dtypes={"float32"}, bf16_native=False, nchw_convs=0,
+                         threads=1, thread_counts=(1,), channels_last_in_use=True)
+    assert [c.key for c in nhwc] == ["contiguous"]  # and its layout
     with tried[0].context(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
 

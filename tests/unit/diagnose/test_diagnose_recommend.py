@@ -310,3 +310,11 @@ def test_no_precision_hint_where_the_report_measured_it_slower() -> None:
     verdict = with_peak(Verdict("compute-bound", "x"), {"mfu": 0.05, "peak_source": "measured", "peak_precision":
                                                         "fp32"}, "cpu", precision_hint=False)
     assert "precision" not in verdict.reason and "torch.compile" in verdict.reason
+
+
+def test_the_scripts_channels_last_is_reversed_when_nchw_measured_faster() -> None:
+    nhwc = evidence(conv_weights=5, conv_weights_channels_last=5, compute_s=0.1)
+    assert "contiguous" not in ids(nhwc)
+    rec = next(r for r in recommend(replace(nhwc, trials=Trials(trials={"contiguous": trial("contiguous", 1.3)})))
+               if r.id == "contiguous")
+    assert rec.gain_basis == "measured" and rec.expected_gain == pytest.approx(1.3)
