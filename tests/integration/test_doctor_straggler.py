@@ -1,6 +1,6 @@
 """`torchrun --nproc-per-node 2 -m trainfast doctor` on a DDP job whose rank 1 gets each batch ~60 ms late: one report
-for the job (rank 0's), naming rank 1 as the straggler. Alone, rank 0's figures read compute-bound (it waits for rank
-1 inside backward, in DDP's all-reduce) and rank 1's input-bound."""
+for the job (rank 0's), naming rank 1 as the straggler. Alone, rank 0's figures read communication-bound (it waits
+for rank 1 inside backward, in DDP's all-reduce, which the doctor times) and rank 1's input-bound."""
 
 from __future__ import annotations
 
@@ -38,7 +38,12 @@ def test_one_report_for_the_job_names_the_straggler(
     first, second = report["ranks"]
     assert [first["rank"], second["rank"]] == [0, 1]
     assert report["samples_per_s"] == pytest.approx(first["samples_per_s"] + second["samples_per_s"])
-    assert first["verdict"] == "compute-bound" and second["verdict"] == "input-bound"  # each rank alone
+    assert first["verdict"] == "communication-bound" and second["verdict"] == "input-bound"  # each rank alone
+    # rank 0's wait for rank 1 is its exposed communication, in the all-reduce DDP issued
+    assert first["collectives"] == second["collectives"] == ["all-reduce"]
+    assert first["communication_s"] > 0.7 * DELAY_S > second["communication_s"]
+    assert first["fractions"]["communication"] > 0.5
+    assert "in the all-reduce" in " ".join(done.stdout.split())
     straggler = report["straggler"]
     assert straggler["rank"] == 1 and straggler["phase"] == "input"
     assert 0.8 * DELAY_S < straggler["seconds_per_step"] < 3 * DELAY_S

@@ -126,6 +126,7 @@ def _observed_json(evidence: Evidence, observed: Observations, *, gpu_util: floa
         "thread_probe": {"threads": probe[0], "compute_slowdown": probe[1]} if probe else None,
         "trials": evidence.trials.to_json() if evidence.trials is not None else None,
         "workers": evidence.workers.to_json() if evidence.workers is not None else None,
+        "collectives": evidence.collectives,
         "epoch_starts": list(evidence.epoch_starts),
         "periodic": evidence.periodic.to_json() if evidence.periodic is not None else None,
     }

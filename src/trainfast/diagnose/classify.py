@@ -1,6 +1,7 @@
 """The verdict: which part of a training step limits it, and how much is at stake. Pure functions.
 
-Each part other than compute (data wait, transfer, host) is judged by the most removing it could give
+Each part other than compute (data wait, transfer, host, a collection phase, exposed communication across ranks) is
+judged by the most removing it could give
 (Amdahl: a part taking share s of the step caps the gain at 1 / (1 - s)). A part is *the limit* when that
 cap is at least 1.33x (a quarter of the step); it is a *small cost* below 1.18x (15 %); in between no single
 part dominates ("balanced"). The gap between the two bars is the stability band: a share measured at 10 %
@@ -33,8 +34,8 @@ LOW_GPU_UTIL = 50.0
 REPLAY_POSSIBLE = 1.5
 REPLAY_CERTAIN = 1.1
 
-VERDICTS = ("input-bound", "transfer-bound", "host-bound", "compute-bound", "balanced")
-PARTS = ("data_wait", "transfer", "host", "collection")
+VERDICTS = ("input-bound", "transfer-bound", "host-bound", "communication-bound", "compute-bound", "balanced")
+PARTS = ("data_wait", "transfer", "host", "collection", "communication")
 # part -> (verdict, what the step waits for, where the gain would come from)
 _PART_TEXT = {
     "data_wait": ("input-bound", "the step waits for the next batch", "from the input pipeline"),
@@ -48,6 +49,11 @@ _PART_TEXT = {
     "collection": ("host-bound", "the loop collects between updates (rollout / host work between updates: no-grad "
                    "forwards in training mode and the work around them, such as environment steps)",
                    "from collecting faster (vectorised environments, batched action choice, fewer steps per update)"),
+    # blocked in collectives (comms.py): the gradient all-reduce, FSDP's all-gathers and reduce-scatters, and the wait
+    # for the slowest rank to join them
+    "communication": ("communication-bound", "the step waits for collectives across ranks (communication not "
+                      "overlapped with compute, or a slower rank joining late)",
+                      "from overlapping or shrinking the communication"),
 }
 
 
@@ -60,21 +66,23 @@ class Fractions:
     host: float
     compute: float
     collection: float = 0.0  # a collection phase between updates (RL rollouts: timeline.py)
+    communication: float = 0.0  # blocked in collectives across ranks (exposed communication: comms.py)
 
     @classmethod
     def of(cls, *, total_s: float, wait_s: float, transfer_s: float, host_s: float,
-           collect_s: float = 0.0) -> Fractions:
+           collect_s: float = 0.0, comm_s: float = 0.0) -> Fractions:
         if total_s <= 0:
             return cls(0.0, 0.0, 0.0, 0.0)
         wait, transfer, host, collect = wait_s / total_s, transfer_s / total_s, host_s / total_s, collect_s / total_s
-        return cls(wait, transfer, host, max(0.0, 1.0 - wait - transfer - host - collect), collect)
+        comm = comm_s / total_s
+        return cls(wait, transfer, host, max(0.0, 1.0 - wait - transfer - host - collect - comm), collect, comm)
 
     def share(self, part: str) -> float:
         return float(getattr(self, part))
 
     def to_json(self) -> dict[str, float]:
         return {"data_wait": self.data_wait, "transfer": self.transfer, "host": self.host, "compute": self.compute,
-                "collection": self.collection}
+                "collection": self.collection, "communication": self.communication}
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,8 @@ def classify(f: Fractions, *, device: str, gpu_util: float | None = None, loader
     pct = f"data wait {f.data_wait:.0%}, transfer {f.transfer:.0%}, host {f.host:.0%}, compute {f.compute:.0%}"
     if f.collection:
         pct += f", rollout / host work between updates {f.collection:.0%}"
+    if f.communication:
+        pct += f", communication {f.communication:.0%}"
     if loader_headroom is not None and loader_headroom <= REPLAY_CERTAIN:
         return Verdict("input-bound", f"the loader alone delivers only {loader_headroom:.2f}x the rate training "
                                       f"consumes (<= {REPLAY_CERTAIN}x: certain bottleneck); {pct}")

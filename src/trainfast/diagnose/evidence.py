@@ -107,6 +107,8 @@ class Evidence:
     trials: Any = None
     parameter_dtypes: frozenset[str] = frozenset()  # floating dtypes of the trained parameters
     cycle: str | None = None  # "whole"/"partial": the loop collects between updates (timeline.py)
+    # the collectives across ranks over the measured steps (comms.py `collectives_json`); None: none seen
+    collectives: dict[str, Any] | None = None
     # how the training loader's workers spent the measured steps (workers.py `WorkerTime`); None: not measured
     workers: Any = None
     # steps slow at a period (periodic.py `Periodic`): each epoch's first, or every N-th; None: none stood out

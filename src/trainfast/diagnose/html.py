@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from trainfast.diagnose.attempts import lost_progress_line
+from trainfast.diagnose.comms import collective_words
 from trainfast.diagnose.svg import escape, line_chart_svg, stacked_bars_svg
 from trainfast.units import MIB, format_bytes
 
@@ -22,9 +23,10 @@ MAX_POINTS = 600  # points per line-chart series at most
 
 # The four parts of a step, bottom to top in the timeline: (key in "fractions", key in a timeline step, label, colour)
 PARTS = (("data_wait", "wait_s", "data wait", "#e5484d"), ("transfer", "transfer_s", "transfer", "#c026d3"),
-         ("host", "host_s", "host", "#f59f00"), ("compute", "compute_s", "compute", "#2f9e44"))
+         ("host", "host_s", "host", "#f59f00"), ("communication", "comm_s", "communication", "#0b7285"),
+         ("compute", "compute_s", "compute", "#2f9e44"))
 VERDICT_COLOURS = {"input-bound": "#c92a2a", "transfer-bound": "#a61e8c", "host-bound": "#c26a00",
-                   "compute-bound": "#2b8a3e", "balanced": "#1864ab"}
+                   "communication-bound": "#0b7285", "compute-bound": "#2b8a3e", "balanced": "#1864ab"}
 NO_VERDICT_COLOUR = "#5c6370"
 SERIES_COLOURS = ("#1c7ed6", "#e8590c", "#7048e8", "#0ca678", "#d6336c", "#5c940d", "#364fc7", "#f08c00")
 
@@ -237,7 +239,7 @@ def _timeline(report: dict[str, Any]) -> str:
     first = int(warmup or 0) + 1
     rows = []
     for s in steps:
-        parts = [_num(s.get(key)) or 0.0 for _, key, _, _ in PARTS[:3]]
+        parts = [_num(s.get(key)) or 0.0 for _, key, _, _ in PARTS[:-1]]
         total = _num(s.get("total_s"))
         compute = _num(s.get("compute_s"))
         if compute is None:
@@ -247,7 +249,7 @@ def _timeline(report: dict[str, Any]) -> str:
     bars, numbers, labels = [], [], []
     for start in range(0, len(rows), per_bar):
         chunk = rows[start:start + per_bar]
-        bar = [sum(r[i] for r in chunk) / len(chunk) for i in range(4)]
+        bar = [sum(r[i] for r in chunk) / len(chunk) for i in range(len(PARTS))]
         bars.append(bar)
         numbers.append(float(first + start))
         span = f"step {first + start}" if len(chunk) == 1 else f"steps {first + start}–{first + start + len(chunk) - 1}"
@@ -469,6 +471,8 @@ def _ms(value: object) -> str:
 
 def _ranks(report: dict[str, Any]) -> str:
     """A torchrun job: a row per rank, and the straggler the others wait for."""
+    collectives = collective_words(list(dict.fromkeys(
+        k for r in _list(report.get("ranks")) for k in _list(_dict(r).get("collectives")))))
     rows = []
     for row in (_dict(r) for r in _list(report.get("ranks"))):
         fractions = _dict(row.get("fractions"))
@@ -485,11 +489,12 @@ def _ranks(report: dict[str, Any]) -> str:
     if straggler:
         line = (f"straggler: rank {_value(straggler.get('rank'))}, {_value(straggler.get('phase'))}: "
                 f"{_ms(straggler.get('seconds_per_step'))} per step ({_fmt(straggler.get('share'), '.0%')} of its "
-                "step), which the other ranks wait for in the all-reduce")
+                f"step), which the other ranks wait for in {collectives}")
     else:
         line = "straggler: none named"
     caption = ("each rank trains its own batches: the job's samples / s is the sum of the ranks'; a rank's wait for "
-               "the others in the all-reduce is counted as compute in its own split")
+               f"the others in {collectives} is counted in its own split as communication (blocked in them), or as "
+               "compute where the wait is on the device")
     return f'{table}<p>{escape(line)}</p><div class="caption">{escape(caption)}</div>'
 
 
@@ -520,7 +525,7 @@ def _whole_run(report: dict[str, Any]) -> str:
         labels = [f"{_fmt(t.get('start_s'), ',.1f')}-{_fmt(t.get('end_s'), ',.1f')} s: "
                   f"{_fmt(t.get('samples_per_s'), ',.0f')} samples/s over {_value(t.get('steps'))} steps"
                   for t in intervals]
-        chart = (stacked_bars_svg(bars, [c for *_, c in PARTS], labels=labels,
+        chart = (stacked_bars_svg(bars, [c for key, *_, c in PARTS if key != "communication"], labels=labels,
                                   x_values=[float(i + 1) for i in range(len(bars))], y_unit="ms",
                                   x_label="interval of the run (each bar: its steps' mean split)")
                  + '<div class="caption">throughput over time: ' + escape(", ".join(

@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data._utils import worker as worker_module
 from torch.utils.data._utils.fetch import _IterableDatasetFetcher, _MapDatasetFetcher
 
+from trainfast.diagnose.comms import Collectives, CommTotals
 from trainfast.diagnose.devicetime import DeviceTimer
 from trainfast.diagnose.evidence import LoaderStats
 from trainfast.diagnose.ledger import Ledger
@@ -91,6 +92,9 @@ class Observations:
     # the loader workers' own account of their batches (worker_clock.py) when the warm-up and the measured steps ended
     workers_at_warmup: WorkerTotals | None = None
     workers_at_end: WorkerTotals | None = None
+    # the collectives' totals (comms.py) when the warm-up and the measured steps ended
+    comm_at_warmup: CommTotals | None = None
+    comm_at_end: CommTotals | None = None
     jpeg_decoded_pixels: list[int] = field(default_factory=list)
     syncs: int = 0
     threads: int = 0  # torch intra-op threads when training started
@@ -281,6 +285,8 @@ class Instrumentation:
         self._entry_patches: list[Callable[[], None]] = []  # the undo of each class watched for entries only
         self._in_entry = False
         self.paused = False  # the doctor's own work (probe.py): the hooks pass it through
+        # collectives across ranks (comms.py): installed at a scan once the script's process group is up
+        self.collectives = Collectives(timeline.communicated, lambda: self.paused)
         # each root's first training call: (module, (args, kwargs)), the replay's input (probe.py)
         self.last_calls: dict[int, tuple[nn.Module, tuple[tuple[Any, ...], dict[str, Any]]]] = {}
 
@@ -315,6 +321,7 @@ class Instrumentation:
         if not self.observed.dynamo_at_end:  # the measured steps ended with the run (no step limit, or too few)
             self.observed.dynamo_at_end = dynamo_counts()
             self.observed.workers_at_end = self.worker_clock.totals()
+            self.observed.comm_at_end = self.collectives.totals(self.timeline.closed_steps)
         observed = self.observed
         if observed.flop_counter is not None:  # the run ended inside the counted step: a part of a step is no count
             observed.flop_counter.stop()
@@ -380,8 +387,13 @@ class Instrumentation:
         self._undo.append(self._roots.clear)
         backward = torch.autograd.backward
 
+        collectives = self.collectives
+
         def counted_backward(*args: Any, **kwargs: Any) -> Any:
+            ddp = collectives.ddp_backward(args, kwargs) if collectives.installed else None
             out = backward(*args, **kwargs)
+            if ddp is not None:
+                ddp()
             if self.paused:
                 return out
             if self.scanning:
@@ -433,9 +445,11 @@ class Instrumentation:
         if not observed.dynamo_at_warmup and timeline.measuring:
             observed.dynamo_at_warmup = dynamo_counts()
             observed.workers_at_warmup = self.worker_clock.totals()
+            observed.comm_at_warmup = self.collectives.totals(timeline.closed_steps)
         if measured and not observed.dynamo_at_end and timeline.phases[0].done:
             observed.dynamo_at_end = dynamo_counts()
             observed.workers_at_end = self.worker_clock.totals()
+            observed.comm_at_end = self.collectives.totals(timeline.closed_steps)
         if self.scanning:
             self.discover("step")
         if self.events is not None:
@@ -493,6 +507,12 @@ class Instrumentation:
             self._roots[id(module)] = batch_axis(module)
             self._root_refs[id(module)] = module
             self._watch_calls(type(module))
+        self.collectives.install(self._patch)  # (once, and only once the script's process group is up)
+        self.collectives.saw_roots(self._root_refs.values())
+        if trigger == "backward" and self._roots and not self.timeline.training_forwards:
+            # the first backward, the hooks put on its model only now: its forward ran unseen, before them
+            self.timeline.forwards += 1
+            self.timeline.training_forwards += 1
         if not self._roots and trigger != "step" and self._empty_scans < MAX_EMPTY_SCANS:
             self._empty_scans += 1  # no model exists yet: the next trigger scans again
             self._discovered_on.discard(trigger)

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from trainfast.diagnose.classify import Fractions
+from trainfast.diagnose.comms import collectives_json
 from trainfast.diagnose.evidence import Evidence
 from trainfast.diagnose.instrument import Instrumentation, Observations
 from trainfast.diagnose.monitored import worker_private_growth
@@ -30,7 +31,7 @@ def evidence_of(timeline: Timeline, instrumentation: Instrumentation, records: l
     total = sum(r.total_s for r in records)
     fractions = Fractions.of(total_s=total, wait_s=sum(r.wait_s for r in records),
                              transfer_s=sum(r.transfer_s for r in records), host_s=sum(r.host_s for r in records),
-                             collect_s=sum(r.collect_s for r in records))
+                             collect_s=sum(r.collect_s for r in records), comm_s=sum(r.comm_s for r in records))
     device = device_of(observed)
     waits = [r.wait_s for r in records]
     mean_wait = statistics.fmean(waits) if waits else 0.0
@@ -59,6 +60,7 @@ def evidence_of(timeline: Timeline, instrumentation: Instrumentation, records: l
         compute_s=statistics.median(r.compute_s for r in records) if records else 0.0,
         step_mean_s=total / len(records) if records else 0.0,
         trials=observed.trials, parameter_dtypes=frozenset(observed.parameter_dtypes), cycle=timeline.cycle,
+        collectives=collectives_json(observed.comm_at_warmup, observed.comm_at_end, instrumentation.collectives),
         workers=of_training(instrumentation.loaders, monitor, timeline.measure_started_monotonic,
                             timeline.measure_ended_monotonic, _clock_window(observed)),
         periodic=periodic_steps(records, timeline.epoch_starts), epoch_cost=epoch_cost(records, timeline.epoch_starts),

@@ -26,6 +26,8 @@ def intervals(records: list[StepRecord]) -> dict[str, tuple[float, float]] | Non
     totals = [r.total_s for r in records]
     parts = {"data_wait": [r.wait_s for r in records], "transfer": [r.transfer_s for r in records],
              "host": [r.host_s for r in records]}  # (not collection: one step a cycle has it, the cycle is the unit)
+    if any(r.comm_s for r in records):
+        parts["communication"] = [r.comm_s for r in records]
     return {name: share_interval(values, totals) for name, values in parts.items()}
 
 

@@ -5,16 +5,19 @@ summary of its figures (`rank_summary`) to the job's store, under the key prefix
 rank 0 gathers them (for at most GATHER_TIMEOUT_S: a rank that sends nothing is named in a note, never waited for
 longer) into the job's one report (`merge`): the job's samples/s, a row per rank, and the straggler.
 
-Why one rank's figures mislead: DDP keeps the ranks in lockstep (every step's gradients are all-reduced inside
-backward, and the all-reduce ends only when every rank has joined it), so a rank whose batch comes late makes every
-other rank wait in that all-reduce, and each rank's own timing books that wait as compute. Alone, the waiting rank
-reads COMPUTE-BOUND and the late one INPUT-BOUND. Together: a rank's own non-compute time per step is its data wait
-+ transfer + host; the all-reduce waits for the largest, so rank r waits about (largest - its own) per step, taken
-out of its compute (never more than its compute).
+Why one rank's figures mislead: DDP and FSDP keep the ranks in lockstep (every step's gradients are all-reduced, or
+reduce-scattered, inside backward, and a collective ends only when every rank has joined it), so a rank whose batch
+comes late makes every other rank wait in that collective. Each rank times the collectives it is blocked in
+(comms.py: its exposed communication, its own part of the step), and that wait is in it: alone, the waiting rank
+reads COMMUNICATION-BOUND (COMPUTE-BOUND where the wait is on the device, not the host: NCCL) and the late one
+INPUT-BOUND. Together: a rank's own time per step outside the collectives' reach is its data wait + transfer +
+host; the collective waits for the largest, so rank r waits about (largest - its own) per step, taken out of its
+communication and compute (never more than the two).
 
 A rank whose *compute* is slower (a slower or throttled device, another job on its cores) also makes the others
-wait, but its extra compute and their wait both read as compute: telling the two apart needs the collective timed,
-which the doctor does not do, so such a straggler is not named.
+wait, in their communication; telling that apart from communication that is merely slow would need the ranks'
+collectives compared call by call, which the report does not do yet, so such a straggler is not named. Each rank's
+row shows its exposed communication beside its compute, and the report names the collectives the job issued.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from trainfast.diagnose.classify import Fractions, Verdict
+from trainfast.diagnose.comms import collective_words
 from trainfast.diagnose.noise import noise_notes
 from trainfast.diagnose.recommend import Recommendation
 from trainfast.diagnose.report import Report
@@ -79,12 +83,17 @@ def rank_summary(report: Report, *, rank: int, exit_code: int, host: str | None 
     fractions = report.fractions
     parts = None
     if fractions is not None and step_mean is not None:
-        parts = {name: fractions.share(name) * step_mean for name in PARTS} | {"compute": fractions.compute * step_mean}
+        parts = {name: fractions.share(name) * step_mean for name in PARTS} | {
+            "compute": fractions.compute * step_mean, "communication": fractions.communication * step_mean}
+    collectives = report.observed.get("collectives") or {}
     return {
         "rank": rank, "host": host or socket.gethostname(), "steps_measured": len(records),
         "samples_per_s": report.samples_per_s, "step_s": report.step_s, "step_s_mean": step_mean,
         "step_s_percentiles": report.step_spread, "fractions": fractions.to_json() if fractions else None,
         "fractions_interval": report.intervals, "parts_s": parts,
+        # the collectives this rank issued per step: names, and their seconds in all (None: not all timed)
+        "collectives": list(collectives.get("kinds") or {}),
+        "communication_total_s": collectives.get("seconds_per_step"),
         "verdict": report.verdict.name if report.verdict else None,
         "verdict_reason": report.verdict.reason if report.verdict else None,
         "input_source": report.input_source,
@@ -113,7 +122,9 @@ def job_figures(summaries: Sequence[Mapping[str, Any]], *,
     rows = [{"rank": s["rank"], "host": s.get("host"), "samples_per_s": s.get("samples_per_s"),
              "step_s": s.get("step_s"), "step_s_percentiles": s.get("step_s_percentiles"),
              "fractions": s.get("fractions"), "verdict": s.get("verdict"), "steps_measured": s.get("steps_measured"),
-             "waiting_for_ranks": None, "waiting_for_ranks_s": None, "whole_run": s.get("whole_run")}
+             "waiting_for_ranks": None, "waiting_for_ranks_s": None, "whole_run": s.get("whole_run"),
+             "communication_s": (s.get("parts_s") or {}).get("communication"),
+             "communication_total_s": s.get("communication_total_s"), "collectives": s.get("collectives") or []}
             for s in summaries]
     notes: list[str] = []
     measured = [s for s in summaries if s.get("parts_s") and s.get("step_s_mean")]
@@ -133,7 +144,9 @@ def job_figures(summaries: Sequence[Mapping[str, Any]], *,
     slowest = max(measured, key=lambda s: (own[s["rank"]], -s["rank"]))  # ties: the lowest rank
     most = own[slowest["rank"]]
     for row, s in zip(rows, measured, strict=True):
-        waiting_s = min(most - own[s["rank"]], float(s["parts_s"]["compute"]))
+        # the wait is in the collective: its exposed communication where the host is blocked there, else compute
+        reach = float(s["parts_s"]["compute"]) + float(s["parts_s"].get("communication") or 0.0)
+        waiting_s = min(most - own[s["rank"]], reach)
         row["waiting_for_ranks_s"] = waiting_s
         row["waiting_for_ranks"] = waiting_s / float(s["step_s_mean"])
     gap = max(float(row["waiting_for_ranks_s"]) for row in rows)
@@ -183,9 +196,9 @@ def _straggler_figures(summary: Mapping[str, Any], straggler: Mapping[str, Any],
              else PHASE_WORDS[phase])
     waits = [float(r["waiting_for_ranks_s"]) for r in rows if r["rank"] != rank]
     reason = (f"on rank {rank}: its {words} ({_ms(straggler['seconds_per_step'])}/step, {straggler['share']:.0%} of "
-              f"its step) holds the job back; the other rank(s) wait {_ms(max(waits))}/step for it in the "
-              f"all-reduce, which their own figures count as compute. Rank {rank} alone: "
-              f"{summary.get('verdict_reason') or 'n/a'}")
+              f"its step) holds the job back; the other rank(s) wait {_ms(max(waits))}/step for it in "
+              f"{job_collectives(rows)}, which their own figures count as communication (or compute, where the wait "
+              f"is on the device). Rank {rank} alone: {summary.get('verdict_reason') or 'n/a'}")
     name = summary.get("verdict") or {"input": "input-bound", "transfer": "transfer-bound", "host": "host-bound"}[phase]
     changes: dict[str, Any] = {"verdict": Verdict(name, reason), "fractions": Fractions(**summary["fractions"]),
                                "intervals": summary.get("fractions_interval")}
@@ -196,7 +209,8 @@ def _straggler_figures(summary: Mapping[str, Any], straggler: Mapping[str, Any],
                                                      measured_gain=r.get("measured_gain"))
                                       for r in summary.get("recommendations") or []]
         changes["note"] = (f"the verdict, the split of the step and the fixes are rank {rank}'s, the straggler's; the "
-                           f"timeline, loaders and the rest are rank {this_rank}'s, whose compute includes "
+                           f"timeline, loaders and the rest are rank {this_rank}'s, whose communication and compute "
+                           "include "
                            f"{_ms(next(float(r['waiting_for_ranks_s']) for r in rows if r['rank'] == this_rank))}"
                            f"/step of waiting for rank {rank}")
     else:
@@ -292,6 +306,14 @@ def job_report(report: Report, agreement: StoreStop | None, *, world_size: int,
     return merge(report, others | {rank: summary}, world_size=world_size, why_missing=error), False
 
 
+def job_collectives(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The collectives the job's ranks issued, in words ('the all-reduce', 'the all-gathers and reduce-scatters')."""
+    kinds: list[str] = []
+    for row in rows:
+        kinds.extend(k for k in row.get("collectives") or [] if k not in kinds)
+    return collective_words(kinds)
+
+
 def _env_rank() -> int:
     try:
         return launch_env().rank
@@ -316,10 +338,12 @@ def render_ranks(report: Report, console: Console) -> None:
     else:
         console.print(f"job: samples/s over {report.world_size} ranks unknown (see the notes)")
     # two-line headers: the table fits 80 columns
-    table = Table(title="ranks: each one's own split; its wait for the others in the all-reduce is within its compute",
+    collectives = job_collectives(rows)
+    table = Table(title=f"ranks: each one's own split; its wait for the others in {collectives} is within its "
+                        "comm (exposed communication) or compute",
                   title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                   collapse_padding=True)
-    for column in ("rank", "samples\n/s", "step\np50", "data\nwait", "transfer", "host", "compute",
+    for column in ("rank", "samples\n/s", "step\np50", "data\nwait", "transfer", "host", "comm", "compute",
                    "waiting\nfor ranks", "verdict\nalone"):
         table.add_column(column, justify="left" if column in ("rank", "verdict\nalone") else "right", no_wrap=True)
     for row in rows:
@@ -327,10 +351,17 @@ def render_ranks(report: Report, console: Console) -> None:
         rate, step_s, waiting_s = row.get("samples_per_s"), row.get("step_s"), row.get("waiting_for_ranks_s")
         table.add_row(str(row["rank"]), f"{rate:,.0f}" if rate is not None else "n/a",
                       _ms(step_s) if step_s is not None else "n/a",
-                      *(_share(fractions.get(p)) for p in ("data_wait", "transfer", "host", "compute")),
+                      *(_share(fractions.get(p, 0.0 if p == "communication" else None))
+                        for p in ("data_wait", "transfer", "host", "communication", "compute")),
                       f"{_ms(waiting_s)} ({_share(row.get('waiting_for_ranks'))})" if waiting_s is not None else "n/a",
-                      escape(str(row.get("verdict") or "n/a").removesuffix("-bound")))
+                      escape(str(row.get("verdict") or "n/a").removesuffix("-bound").replace("communication", "comm")))
     console.print(table)
+    timed = [row for row in rows if row.get("collectives")]
+    if timed:
+        each = ", ".join(f"rank {row['rank']} {_ms(float(row.get('communication_s') or 0.0))}" + (
+            f" of {_ms(float(row['communication_total_s']))} in all" if row.get("communication_total_s") is not None
+            else "") for row in timed)
+        console.print(f"communication: {collectives}; blocked in them per step (exposed): {each}")
     if any(row.get("whole_run") for row in rows):
         phases = ("startup", "compile", "train", "evaluation", "checkpoint", "epoch_start", "other")
         whole = Table(title="ranks' whole runs: seconds in each phase", title_justify="left", box=box.SIMPLE_HEAD,
@@ -352,4 +383,4 @@ def render_ranks(report: Report, console: Console) -> None:
     waits = [float(row["waiting_for_ranks_s"]) for row in rows if row["rank"] != straggler["rank"]]
     console.print(f"[bold]straggler: rank {straggler['rank']}[/] — its {PHASE_WORDS[straggler['phase']]} "
                   f"({_ms(straggler['seconds_per_step'])}/step, {straggler['share']:.0%} of its step) holds the job "
-                  f"back: the other rank(s) wait up to {_ms(max(waits))}/step for it in the all-reduce")
+                  f"back: the other rank(s) wait up to {_ms(max(waits))}/step for it in {collectives}")

@@ -90,7 +90,8 @@ class Report:
             "straggler": self.straggler,
             "whole_run": self.whole_run,
             "timeline": [{"end_s": r.end_s, "total_s": r.total_s, "wait_s": r.wait_s, "transfer_s": r.transfer_s,
-                          "host_s": r.host_s, "collect_s": r.collect_s, "compute_s": r.compute_s, "samples": r.samples,
+                          "host_s": r.host_s, "collect_s": r.collect_s, "comm_s": r.comm_s, "compute_s": r.compute_s,
+                          "samples": r.samples,
                           "syncs": r.syncs}
                          for r in self.steps],
         }

@@ -15,7 +15,7 @@ from trainfast.diagnose.recommend import Recommendation
 from trainfast.diagnose.timeline import StepRecord
 
 VERDICT_STYLE = {"input-bound": "bold red", "transfer-bound": "bold red", "host-bound": "bold yellow",
-                 "compute-bound": "bold green", "balanced": "bold cyan"}
+                 "communication-bound": "bold magenta", "compute-bound": "bold green", "balanced": "bold cyan"}
 
 
 class Shown(Protocol):
@@ -190,6 +190,7 @@ def oom_paragraph(oom: dict[str, Any], *, headline: bool = True) -> str:
 def _split_bar(f: Fractions, width: int = 60) -> str:
     parts = [("data wait", f.data_wait, "red"), ("transfer", f.transfer, "magenta"), ("host", f.host, "yellow"),
              *((("rollout / host work between updates", f.collection, "blue"),) if f.collection else ()),
+             *((("communication", f.communication, "cyan"),) if f.communication else ()),
              ("compute", f.compute, "green")]
     bar = "".join(f"[{color}]{'█' * round(share * width)}[/]" for _, share, color in parts)
     legend = "  ".join(f"[{color}]■[/] {name} {share:.0%}" for name, share, color in parts)

@@ -26,6 +26,9 @@ The parts of a step:
   wait either;
 - host: with a loader, the gap between the end of one step and the next batch request (logging, metrics,
   checkpoints), less the time spent waiting for the device in syncs such as `.item()`;
+- communication (exposed): time the script's threads were blocked in collectives across ranks (an all-reduce, an
+  FSDP all-gather or reduce-scatter, DDP's wait for its gradient all-reduce at the end of backward: comms.py),
+  including the wait for a slower rank to join; a collective that ran while the host computed is not in it;
 - compute: the rest (forward, backward, optimizer step, device waits).
 A step during which a batch was fetched with gradients off (a validation pass between two steps), or, without a
 loader, the model was called three or more times with gradients off before its first training forward, is
@@ -85,10 +88,11 @@ class StepRecord:
     samples: int
     syncs: int
     collect_s: float = 0.0  # a collection phase before the step's update (module doc)
+    comm_s: float = 0.0  # exposed communication: blocked in collectives (module doc)
 
     @property
     def compute_s(self) -> float:
-        return max(0.0, self.total_s - self.wait_s - self.transfer_s - self.host_s - self.collect_s)
+        return max(0.0, self.total_s - self.wait_s - self.transfer_s - self.host_s - self.collect_s - self.comm_s)
 
 
 class StopMeasuring(BaseException):
@@ -124,6 +128,8 @@ class _Step:
     transfer: float = 0.0
     gap_sync_wait: float = 0.0  # syncs before the step's first input: waiting for the device, not host work
     gap_transfer: float = 0.0  # copies before the step's first input: transfer (and device wait), not input
+    comm: float = 0.0  # blocked in collectives (exposed communication)
+    gap_comm: float = 0.0  # collectives before the step's first input: communication, not host work or input
     copies: list[tuple[Any, float]] | None = None  # (device timing, host seconds blocked) of each timed copy
     samples: int = 0  # from loader batches
     forward_samples: int = 0  # from the model's input, once per backward pass (loops without a loader)
@@ -146,6 +152,7 @@ class _Step:
         """A later part of the same iteration (a second optimizer's step) joins this one."""
         self.wait += later.wait
         self.transfer += later.transfer
+        self.comm += later.comm
         if later.copies:
             self.copies = (self.copies or []) + later.copies
         self.samples += later.samples
@@ -159,7 +166,7 @@ class _Step:
         self.epoch_began = self.epoch_began or later.epoch_began
 
 
-Row = tuple[float, float, float, float, float, int, int, float]  # a StepRecord's fields, in order
+Row = tuple[float, float, float, float, float, int, int, float, float]  # a StepRecord's fields, in order
 
 
 @dataclass
@@ -252,11 +259,12 @@ class Timeline:
     def forward(self, now: float, samples: int, batch: Any = None) -> None:
         """A model's forward with gradients on (outside a loader's `next()`); `samples`: its input's leading dim,
         `batch`: the input tensor itself, when it has one (an input already counted in this step, as a closure
-        re-evaluated by LBFGS's `step(closure)`, adds no samples)."""
-        self.forwards += 1
-        self.training_forwards += 1
+        re-evaluated by LBFGS's `step(closure)`, adds no samples). Counted once the iteration has begun: a forward
+        the stop is raised from (StopMeasuring, at the step boundary) never ran."""
         if not self.loader_fed:
             self._begin_iteration(now)
+        self.forwards += 1
+        self.training_forwards += 1
         cur = self._cur
         if cur.first_forward is None:
             cur.first_forward = now
@@ -339,6 +347,14 @@ class Timeline:
             cur.copies.append((copy, seconds))
         if cur.first_ask is None and cur.first_forward is None:  # before the step's input: not input preparation
             cur.gap_transfer += seconds
+
+    def communicated(self, seconds: float) -> None:
+        """The script's thread was blocked `seconds` in a collective (comms.py): exposed communication, taken out of
+        compute, or, before the step's input, out of the gap that would otherwise be host work or data wait."""
+        cur = self._cur
+        cur.comm += seconds
+        if cur.first_ask is None and cur.first_forward is None:
+            cur.gap_comm += seconds
 
     def synced(self, seconds: float) -> None:
         cur = self._cur
@@ -463,7 +479,7 @@ class Timeline:
                                                                                   step.first_no_grad)
         start = step.start
         if step.opening and first_input is not None:  # not the script's start-up (imports, building the model)
-            start = max(start, first_input - step.gap_sync_wait - step.gap_transfer)
+            start = max(start, first_input - step.gap_sync_wait - step.gap_transfer - step.gap_comm)
         samples = step.samples or step.forward_samples
         if phase.window_start is None:
             phase.window_start = start
@@ -475,20 +491,22 @@ class Timeline:
                               and self._unusual(step.evaluation_forwards, self._no_grad_counts)):
             self.evaluation_steps += 1
             return False
-        gap = max(0.0, first_input - start - step.gap_sync_wait - step.gap_transfer) if first_input is not None else 0.0
+        gap = (max(0.0, first_input - start - step.gap_sync_wait - step.gap_transfer - step.gap_comm)
+               if first_input is not None else 0.0)
         collect = 0.0
         if collection:  # the collection phase and the host work around it, up to the update's input
             training_input = step.first_ask if step.first_ask is not None else step.first_forward
             end = training_input if training_input is not None else step.end
-            collect, gap = max(0.0, end - start - step.gap_sync_wait - step.gap_transfer), 0.0
+            collect, gap = max(0.0, end - start - step.gap_sync_wait - step.gap_transfer - step.gap_comm), 0.0
         # Without a loader, the time before the model's first forward is input preparation (data wait).
         wait, host = (step.wait, gap) if step.first_ask is not None or self.loader_fed else (step.wait + gap, 0.0)
         if step.copies:
             phase.copies[len(phase.rows)] = step.copies
         if step.epoch_began:
             phase.epoch_starts.append(len(phase.rows))
+        comm = min(step.comm, max(0.0, step.end - start - wait - step.transfer - host - collect))
         phase.rows.append((step.end - self.started, step.end - start, wait, step.transfer, host, samples, step.syncs,
-                           collect))
+                           collect, comm))
         phase.settle()
         if phase.name == MEASURE:
             self.measure_ended_monotonic = step.end + self._to_monotonic
@@ -510,11 +528,11 @@ class Timeline:
         copies are read (after the device has synchronised); a second call changes nothing."""
         for phase in self.phases:
             for index, copies in phase.copies.items():
-                end_s, total, wait, transfer, host, samples, syncs, collect = phase.rows[index]
+                end_s, total, wait, transfer, host, samples, syncs, collect, comm = phase.rows[index]
                 for copy, blocked in copies:
                     transfer -= blocked - min(blocked, device_seconds(copy))
-                transfer = min(max(0.0, transfer), max(0.0, total - wait - host - collect))
-                phase.rows[index] = (end_s, total, wait, transfer, host, samples, syncs, collect)
+                transfer = min(max(0.0, transfer), max(0.0, total - wait - host - collect - comm))
+                phase.rows[index] = (end_s, total, wait, transfer, host, samples, syncs, collect, comm)
             phase.copies.clear()
 
     def add_phase(self, name: str, *, warmup: int, steps: int) -> None:

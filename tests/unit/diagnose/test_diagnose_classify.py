@@ -94,7 +94,7 @@ def test_reasons_carry_the_numbers_and_what_is_at_stake() -> None:
 def test_max_speedup_is_amdahl() -> None:
     assert max_speedup(0.0) == 1.0 and max_speedup(0.5) == 2.0 and max_speedup(0.1) == pytest.approx(1.111, abs=1e-3)
     assert max_speedup(1.0) == pytest.approx(1000)  # capped: a step that is all wait
-    assert set(max_speedups(f(wait=0.2))) == {"data_wait", "transfer", "host", "collection"}
+    assert set(max_speedups(f(wait=0.2))) == {"data_wait", "transfer", "host", "collection", "communication"}
 
 
 def test_share_interval_brackets_the_share_and_is_reproducible() -> None:
@@ -114,4 +114,4 @@ def test_fractions_of_totals() -> None:
     fr = Fractions.of(total_s=10, wait_s=5, transfer_s=1, host_s=2)
     assert (fr.data_wait, fr.transfer, fr.host) == (0.5, 0.1, 0.2) and fr.compute == pytest.approx(0.2)
     assert Fractions.of(total_s=0, wait_s=0, transfer_s=0, host_s=0).compute == 0
-    assert set(fr.to_json()) == {"data_wait", "transfer", "host", "compute", "collection"}
+    assert set(fr.to_json()) == {"data_wait", "transfer", "host", "compute", "collection", "communication"}

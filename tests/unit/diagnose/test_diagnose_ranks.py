@@ -109,11 +109,12 @@ def test_the_job_report_takes_its_verdict_split_and_fixes_from_the_straggler() -
     assert job.samples_per_s == pytest.approx(2 * 8 / 0.070)  # each rank trains its own batches
     assert job.verdict is not None and job.verdict.name == "input-bound"
     assert job.verdict.reason.startswith("on rank 1: its data wait (64 ms/step, 91% of its step) holds the job "
-                                         "back; the other rank(s) wait 63 ms/step for it in the all-reduce")
+                                         "back; the other rank(s) wait 63 ms/step for it in the collectives")
     assert job.fractions == second.fractions
     assert [r.id for r in job.recommendations] == ["num_workers"]
     assert job.recommendations[0].overrides == {"num_workers": 4}
-    assert any("rank 0's, whose compute includes 63 ms/step of waiting for rank 1" in n for n in job.notes)
+    assert any("rank 0's, whose communication and compute include 63 ms/step of waiting for rank 1" in n
+               for n in job.notes)
     data = job.to_json()
     assert data["straggler"]["rank"] == 1 and data["straggler"]["phase"] == "input"
     assert [r["rank"] for r in data["ranks"]] == [0, 1]
