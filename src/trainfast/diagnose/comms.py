@@ -7,8 +7,9 @@ script makes its process group after the doctor starts); each hook costs a `perf
   barrier), on the module and on `distributed_c10d` (the deprecated names call the new ones there: only the outermost
   call counts). A synchronous call blocks the script's thread in full: exposed. An asynchronous one (`async_op=True`,
   as FSDP2 prefetches its all-gathers) returns a `Work`: the time blocked in its `wait()` (patched on the class) is
-  exposed, and its future's completion, on the backend's thread, ends its total; the rest of it overlapped the
-  script's work.
+  exposed, and its total runs from its issue to its wait's end, an upper bound (it may have finished before the
+  wait began: a callback on its future would say when, but costs 15-35 us a collective on gloo here, the backend's
+  thread taking the GIL).
 - DDP: its reducer all-reduces the gradient buckets from C++, unseen by Python, and waits for them at the end of
   backward. A hook on the loss's first backward node queues an autograd callback, which runs when the backward's
   computation is done, before DDP's own (queued later, at its last bucket): the backward's time after it is DDP's
@@ -40,14 +41,13 @@ KINDS = {
     "broadcast": "broadcast", "all_to_all": "all-to-all", "all_to_all_single": "all-to-all", "reduce": "reduce",
     "barrier": "barrier",
 }
-FOLD_EVERY = 1024  # completions folded into the totals at most this many at a time (a long run's list stays short)
 
 
 @dataclass
 class KindStats:
     count: int = 0
     bytes: int = 0
-    seconds: float = 0.0  # issue to completion (None-equivalent for DDP's: see `untimed`)
+    seconds: float = 0.0  # issue to return, or to its wait's end (asynchronous); DDP's are `untimed`
     exposed_s: float = 0.0  # the script's thread blocked in it
     untimed: int = 0  # issued where only the exposed part is timed (DDP's all-reduces)
 
@@ -120,7 +120,6 @@ class Collectives:
         self._buckets: weakref.WeakKeyDictionary[Any, tuple[int, ...]] = weakref.WeakKeyDictionary()
         self._depth = 0  # inside a timed collective: the calls it makes are its own
         self._pending: dict[int, tuple[str, float]] = {}  # id(work) -> (kind, issued) of async works not waited
-        self._done: list[tuple[str, float]] = []  # completions from the backend's thread: (kind, seconds)
 
     def stats(self, kind: str) -> KindStats:
         stats = self.kinds.get(kind)
@@ -129,14 +128,8 @@ class Collectives:
         return stats
 
     def totals(self, steps: int) -> CommTotals:
-        self._fold()
         return CommTotals({k: KindStats(s.count, s.bytes, s.seconds, s.exposed_s, s.untimed)
                            for k, s in self.kinds.items()}, steps)
-
-    def _fold(self) -> None:
-        done, self._done = self._done, []
-        for kind, seconds in done:
-            self.stats(kind).seconds += seconds
 
     # ---- installation (instrument.py's `_patch`)
     def install(self, patch: Callable[[Any, str, Any], Any]) -> None:
@@ -161,9 +154,11 @@ class Collectives:
             out = wait(work, *args, **kwargs)
             pending = self._pending.pop(id(work), None)
             if pending is not None and not self.paused():
-                blocked = perf_counter() - started
-                self.stats(pending[0]).exposed_s += blocked
-                self.on_exposed(blocked)
+                ended = perf_counter()
+                stats = self.stats(pending[0])
+                stats.seconds += ended - pending[1]
+                stats.exposed_s += ended - started
+                self.on_exposed(ended - started)
             return out
         patch(c10d.Work, "wait", timed_wait)
 
@@ -185,15 +180,8 @@ class Collectives:
             stats.bytes += _nbytes(args, kwargs)
             blocked = ended - started
             stats.exposed_s += blocked
-            if isinstance(out, work_type):  # asynchronous: its wait() and its completion end it
+            if isinstance(out, work_type):  # asynchronous: its wait() ends it
                 self._pending[id(out)] = (kind, started)
-                if len(self._done) >= FOLD_EVERY:
-                    self._fold()
-                try:
-                    out.get_future().add_done_callback(
-                        lambda _: self._done.append((kind, perf_counter() - started)))
-                except RuntimeError:  # a backend without futures: issue to the call's return only
-                    stats.seconds += blocked
             else:
                 stats.seconds += blocked
             if not self.paused():
@@ -268,9 +256,9 @@ def _ddp_buckets(model: Any) -> tuple[tuple[int, ...], bool]:
 def collectives_json(start: CommTotals | None, end: CommTotals | None,
                      collectives: Collectives) -> dict[str, Any] | None:
     """The report's `observed["collectives"]`: over the measured window (the steps closed between the warm-up's end
-    and the measured steps' end), per step, each kind's count, bytes and seconds (issue to completion; None for
-    DDP's all-reduces, whose overlapped part is not timed) and the part of them the script was blocked in
-    (exposed); None when no collective was seen."""
+    and the measured steps' end), per step, each kind's count, bytes and seconds (issue to return, an asynchronous
+    one's to its wait's end; None for DDP's all-reduces, whose overlapped part is not timed) and the part of them
+    the script was blocked in (exposed); None when no collective was seen."""
     if end is None or not collectives.installed:
         return None
     window = end.since(start)
