@@ -21,8 +21,8 @@ convolution) or where the budget left cannot hold its rounds; the reason is kept
 is labelled an estimate. Each candidate stands alone: one whose preparation or replay fails is kept with the error
 and the doctor's step that failed (`failed`), and the others still run.
 
-A model that cannot be copied (a wrapper holding a lock, a hook or a process group) is replayed in place when the
-process trains alone: its gradients are put aside and its buffers (BatchNorm's statistics) and parameters' data
+A model that cannot be copied (a wrapper holding a lock, a hook or a process group) is replayed in place when no
+process group is up: its gradients are put aside and its buffers (BatchNorm's statistics) and parameters' data
 restored after every candidate. Under a process group it is not probed (a replay in place would issue collectives
 the other ranks are not in), and the reason says so.
 """
@@ -384,8 +384,9 @@ def _first_line(e: BaseException) -> str:
 
 
 def _distributed() -> bool:
-    return bool(torch.distributed.is_available() and torch.distributed.is_initialized()
-                and torch.distributed.get_world_size() > 1)
+    """A process group is up: a model replayed in place may issue collectives (FSDP2's all-gathers) or mark DDP's
+    buckets ready, even alone in its group."""
+    return bool(torch.distributed.is_available() and torch.distributed.is_initialized())
 
 
 def _trial(candidate: Candidate, base: _Replay, base_s: float, budget_s: float, *, copied: bool = True) -> Trial:

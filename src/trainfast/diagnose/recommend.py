@@ -226,10 +226,10 @@ def cpu_threads(e: Evidence) -> Recommendation | None:
     the model step at the fewer threads measured faster (fewer threads mostly cost more than the turns they save:
     1 thread instead of 2 measured 0.83-0.84x under --verify on two public scripts)."""
     chosen = cpu_threads_beside_workers(e)
-    trial = e.trials.get(f"threads:{chosen}") if chosen is not None and e.trials is not None else None
-    gain = trial.gain(e.fractions.compute, e.compute_s) if trial is not None and trial.faster else None
-    if chosen is None or trial is None or gain is None or gain < MIN_GAIN:
+    measured = _measured_faster(e, f"threads:{chosen}") if chosen is not None else None
+    if measured is None:
         return None  # unmeasured or measured no faster (`not_offered` says which)
+    trial, gain = measured
     workers = sum(s.num_workers for s in e.loaders)
     return Recommendation(
         "cpu_threads", f"Give the model step {chosen} intra-op thread(s) (now {e.threads})",
@@ -344,6 +344,13 @@ def prefetch_factor(e: Evidence) -> Recommendation | None:
         basis_reason=f"how much of the spikes a deeper queue absorbs depends on their timing; {VERIFY_IT}")
 
 
+def _measured_faster(e: Evidence, key: str) -> tuple[Any, float] | None:
+    """The replay's trial of `key` and the step's gain from it, where it measured faster by at least MIN_GAIN."""
+    trial = e.trials.get(key) if e.trials is not None else None
+    gain = trial.gain(e.fractions.compute, e.compute_s) if trial is not None and trial.faster else None
+    return (trial, gain) if gain is not None and gain >= MIN_GAIN else None
+
+
 def _unprobed(e: Evidence, trial: Any) -> str | None:
     """Why the doctor could not time a candidate it tried (its own step failed, or the model could not be replayed):
     then no assumed gain is given either."""
@@ -410,10 +417,10 @@ def amp(e: Evidence) -> Recommendation | None:
 def fp32(e: Evidence) -> Recommendation | None:
     """The script's own autocast, measured slower than float32 (a CPU that emulates bf16: 4.5-5.5x on a public
     image-classification script): the fix reverses its choice, ranked by its measured gain like any other."""
-    trial = e.trials.get("fp32") if e.trials is not None else None
-    gain = trial.gain(e.fractions.compute, e.compute_s) if trial is not None and trial.faster else None
-    if trial is None or gain is None or gain < MIN_GAIN:
+    measured = _measured_faster(e, "fp32")
+    if measured is None:
         return None
+    trial, gain = measured
     dtype = next((d for kind, d in e.autocast if kind == e.device), "reduced-precision")
     native = ("this CPU has no native bf16 (AMX, AVX512-BF16): it emulates it" if e.device == "cpu" and
               dtype == "bfloat16" and not e.bf16_supported else f"{dtype} does not pay on this device for this model")
@@ -502,10 +509,10 @@ def channels_last(e: Evidence) -> Recommendation | None:
 def contiguous(e: Evidence) -> Recommendation | None:
     """The script's channels_last, measured slower than NCHW (oneDNN and cuDNN lack fast NHWC kernels for some
     shapes): the fix reverses its choice, ranked by its measured gain like any other."""
-    trial = e.trials.get("contiguous") if e.trials is not None else None
-    gain = trial.gain(e.fractions.compute, e.compute_s) if trial is not None and trial.faster else None
-    if trial is None or gain is None or gain < MIN_GAIN:
+    measured = _measured_faster(e, "contiguous")
+    if measured is None:
         return None
+    trial, gain = measured
     return Recommendation(
         "contiguous", "Train in the NCHW layout: drop channels_last",
         f"the script trains in channels_last (NHWC); the model's forward and backward ran {trial.factor:.2f}x as "
