@@ -298,7 +298,8 @@ def persistent_workers(e: Evidence) -> Recommendation | None:
     startup = sum(loader.startup_s[1:]) / len(loader.startup_s[1:])  # restarts (the first start stays)
     cost = e.epoch_cost
     if cost is not None:  # 2+ epoch starts measured: what their steps took beyond the others is the cost
-        return _restart_cost(loader, cost, startup)
+        periodic = e.periodic if e.periodic is not None and e.periodic.epoch_starts else None
+        return _restart_cost(loader, cost, periodic.span if periodic is not None else 1, startup)
     per_epoch = loader.batches_per_epoch
     if per_epoch is None:  # no len(): an epoch is what was seen, once a second one began (an upper bound)
         per_epoch = loader.batches // (loader.epochs - 1)
@@ -314,18 +315,22 @@ def persistent_workers(e: Evidence) -> Recommendation | None:
         gain_basis="measured")
 
 
-def _restart_cost(loader: LoaderStats, cost: Any, startup: float) -> Recommendation | None:
-    """persistent_workers from the epoch-start steps' excess (periodic.py `Periodic`): the workers' fork, the last
-    epoch's shutdown and the new workers filling their queues beside the step, not iter() to the first batch alone.
-    None when the epoch starts did not stand out from the other steps: the restart hides within their spread."""
+def _restart_cost(loader: LoaderStats, cost: Any, slow_run: int, startup: float) -> Recommendation | None:
+    """persistent_workers from the epoch-start steps' excess (periodic.py `epoch_cost`): the last epoch's shutdown,
+    the fork and the wait for the first batch, not iter() to the first batch alone. `slow_run`: the slow steps from
+    each epoch start (periodic.py `Periodic.span`); those after the first stay slow with persistent workers. None
+    when the epoch starts did not stand out from the other steps: the restart hides within their spread."""
     gain = cost.gain
     if not cost.stands_out or gain is None or gain < 1.005:
         return None
+    after = (f"; the {slow_run - 1} step(s) after it, slow too, are not counted: persistent workers fill their "
+             "queues beside them as well" if slow_run > 1 else "")
     return Recommendation(
         "persistent_workers", "Keep the loader's workers alive between epochs",
         f"every epoch restarts {loader.num_workers} workers: {cost.phrase()}; that is {cost.excess_s * 1e3:.0f} ms "
         f"beyond the other steps per epoch start, against a {cost.epoch_s:.2f} s epoch of {cost.period} steps "
-        f"({len(cost.starts)} epoch starts measured; {startup * 1e3:.0f} ms of it from iter() to the first batch)",
+        f"({len(cost.starts)} epoch starts measured; {startup * 1e3:.0f} ms of it from iter() to the first batch)"
+        f"{after}",
         "DataLoader(..., persistent_workers=True)", gain, overrides={"persistent_workers": True},
         gain_basis="measured")
 
