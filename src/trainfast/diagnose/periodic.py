@@ -5,12 +5,12 @@ first batch (`Timeline.epoch_starts`). With worker processes that do not persist
 shutdown (joining its workers), the new epoch's fork of the workers and their wait for the first batch; and the
 steps right after it may be slow too: the new workers make their whole prefetch queue at once (num_workers x
 prefetch_factor batches), competing for the cores with the step. A loop that re-iterates its loader every 8 steps
-(a `cycle(loader)` generator) pays it every 8th step: measured on a 2-core EPYC, a 40 ms step took 110-270 ms at each
-epoch start and ~80 ms the step after, where the iter()-to-first-batch time alone was 35 ms.
+(a `cycle(loader)` generator) pays it every 8th step: on the stand-in below, a 35 ms step took ~120 ms at each epoch
+start and ~45 ms the three after it, where iter() to the first batch alone took 35-45 ms.
 
-Every N-th step. Without epoch starts that stand out, steps at least `SLOW` times the typical one whose runs begin
-at equal gaps (3 runs or more, so 2 equal gaps) are periodic too: logging, a checkpoint or an evaluation every N
-steps.
+Every N-th step. Without epoch starts that stand out, steps at least `SLOW` times the typical one are periodic when
+they fall on a lattice of equal gaps (`_every_nth`: `MIN_RUNS` points or more, most of them slow, holding most of
+the slow runs' first steps): logging, a checkpoint or an evaluation every N steps.
 
 What they cost. The slow run of each period starts at a marked (or found) step and goes on while the median over
 the periods of the step k places further on stands above the other steps' 90th percentile. Its excess is the run's
@@ -46,8 +46,8 @@ SLOW = 1.5
 # Epoch-start steps stand out when their median is at least this many times the other steps' median (and above the
 # other steps' 90th percentile): below it, what an epoch start costs is within what any step varies.
 EPOCH_SLOW = 1.2
-# Occurrences needed: 2 epoch starts (each is marked, not guessed), 3 runs of slow steps for a period found from
-# the step times alone (2 equal gaps).
+# Occurrences needed: 2 epoch starts (each is marked, not guessed); 4 points of a period found from the step times
+# alone (with 3, a quarter of the steps slow at random made a period in ~1.4 % of 30-step runs; with 4, ~0.9 %).
 MIN_EPOCH_STARTS = 2
 MIN_RUNS = 4
 # A period found from the step times alone: this share of its steps are slow, and of the slow runs begin on it.
