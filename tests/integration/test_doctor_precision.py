@@ -32,7 +32,7 @@ def test_emulated_bf16_autocast_is_measured_against_float32_and_ranked_first(tmp
     report = json.loads(out.read_text())
     top = report["recommendations"][0]
     assert top["id"] == "fp32" and top["gain_basis"] == "measured" and top["expected_gain"] >= 2.0, top
-    assert top["overrides"] == {"autocast": False}
+    assert top["overrides"] == {"autocast": False} and "bf16 is emulated here" in top["why"]
     trials = {t["id"]: t for t in report["observed"]["trials"]["trials"]}
     # the wrapper's .to() refuses the format; the doctor converts tensor by tensor, and measures it
     assert trials["channels_last"]["factor"] is not None and not trials["channels_last"]["failed"]

@@ -282,8 +282,8 @@ def candidates(*, device: torch.device, autocast: tuple[tuple[str, str], ...], p
                                lambda: torch.autocast(device.type, dtype=dtype)))
     elif device.type == "cpu":
         skipped["amp"] = Trial("amp", "mixed precision", applies=False,
-                               reason="this CPU has no native bf16 (AMX, AVX512-BF16): emulated bf16 is slower than "
-                                      "fp32")
+                               reason="bf16 is emulated here (no AMX or AVX512-BF16 that oneDNN may use): slower "
+                                      "than fp32")
     base_context = _script_autocast(device, autocast)
     if nchw_convs:
         tried.append(Candidate("channels_last", "channels_last", True, base_context,

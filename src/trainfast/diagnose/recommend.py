@@ -427,7 +427,7 @@ def fp32(e: Evidence) -> Recommendation | None:
         return None
     trial, gain = measured
     dtype = next((d for kind, d in e.autocast if kind == e.device), "reduced-precision")
-    native = ("this CPU has no native bf16 (AMX, AVX512-BF16): it emulates it" if e.device == "cpu" and
+    native = ("bf16 is emulated here (no AMX or AVX512-BF16 that oneDNN may use)" if e.device == "cpu" and
               dtype == "bfloat16" and not e.bf16_supported else f"{dtype} does not pay on this device for this model")
     return Recommendation(
         "fp32", f"Train in float32: drop the {dtype} autocast",

@@ -7,6 +7,7 @@ Where it does, bf16 autocast trains conv nets and transformers 1.3-1.7x faster t
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import subprocess
 import sys
@@ -20,6 +21,11 @@ AMX_BF16, AVX512_BF16, ARM_BF16 = "AMX-BF16", "AVX512-BF16", "ARM BF16"
 CPU_BF16_FEATURES = "AMX/AVX512-BF16/ARM BF16"
 _CPU_FLAGS = (("amx_bf16", AMX_BF16), ("avx512_bf16", AVX512_BF16), ("bf16", ARM_BF16))
 _CPUINFO = Path("/proc/cpuinfo")
+# oneDNN's x86 ISAs that use AVX512-BF16, and those that use AMX: an ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA) below
+# them makes oneDNN, which runs torch's bf16 matmuls and convolutions on the CPU, emulate bf16 (a conv step 15-30x
+# slower here with AVX2 than with AVX512-BF16) whatever the CPU has
+_ONEDNN_AMX = ("AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "ALL", "DEFAULT")
+_ONEDNN_BF16 = ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512", *_ONEDNN_AMX)
 _SYSCTL_TIMEOUT_S = 2.0
 
 
@@ -89,8 +95,9 @@ def cpu_bf16() -> str | None:
     """The native-bf16 CPU feature of this host ("AMX-BF16", "AVX512-BF16", "ARM BF16"), or None.
 
     Asks, in order, torch's CPU probes, /proc/cpuinfo (Linux) and `sysctl hw.optional.arm.FEAT_BF16` (macOS); the
-    first source that names a feature wins, and a source that is missing or fails counts as silent. Cached: the
-    host does not change (`cpu_bf16.cache_clear()` in tests).
+    first source that names a feature wins, and a source that is missing or fails counts as silent; then what
+    ONEDNN_MAX_CPU_ISA lets oneDNN use of it (`onednn_capped`). Cached: the host does not change
+    (`cpu_bf16.cache_clear()` in tests).
     """
     for source in _CPU_BF16_SOURCES:
         try:
@@ -98,5 +105,16 @@ def cpu_bf16() -> str | None:
         except Exception:  # belt and braces: detection must never break training
             continue
         if found is not None:
-            return found
+            return onednn_capped(found, os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA"))
     return None
+
+
+def onednn_capped(feature: str, max_isa: str | None) -> str | None:
+    """`feature` as oneDNN may use it under `max_isa` (ONEDNN_MAX_CPU_ISA): AMX held back leaves AVX512-BF16 (every
+    AMX CPU has it), an ISA below AVX512_CORE_BF16 leaves none. ARM's BF16 is not oneDNN's x86 ISA: kept. Pure."""
+    if not max_isa or feature == ARM_BF16:
+        return feature
+    isa = max_isa.strip().upper()
+    if feature == AMX_BF16 and isa not in _ONEDNN_AMX:
+        feature = AVX512_BF16
+    return feature if isa in _ONEDNN_BF16 else None

@@ -278,7 +278,7 @@ def test_the_scripts_own_precision_is_reversed_when_float32_measured_faster() ->
     faster = replace(bf16_run, trials=Trials(trials={"fp32": trial("fp32", 4.0)}))
     top = recommend(faster)[0]
     assert top.id == "fp32" and top.gain_basis == "measured" and top.expected_gain == pytest.approx(4.0)
-    assert "no native bf16" in top.why and top.overrides == {"autocast": False}
+    assert "bf16 is emulated here" in top.why and top.overrides == {"autocast": False}
     assert "fp32" not in ids(replace(bf16_run, trials=Trials(trials={"fp32": trial("fp32", 0.9)})))
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from trainfast.precision import cpufeatures
-from trainfast.precision.cpufeatures import cpu_bf16, parse_cpu_flags
+from trainfast.precision.cpufeatures import cpu_bf16, onednn_capped, parse_cpu_flags
 from trainfast.precision.policy import DeviceCaps, device_caps, resolve_precision
 
 CPU_AMX = DeviceCaps("cpu", bf16=True, bf16_source="AMX-BF16")
@@ -150,6 +150,8 @@ def no_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     cpuinfo = tmp_path / "cpuinfo"
     monkeypatch.setattr(cpufeatures, "_CPUINFO", cpuinfo)
     monkeypatch.setattr(platform, "system", lambda: "Linux")
+    for cap in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(cap, raising=False)
     return cpuinfo
 
 
@@ -168,6 +170,26 @@ def test_torch_capabilities_come_first(monkeypatch: pytest.MonkeyPatch, no_sourc
     no_sources.write_text(AVX2_ONLY)
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: capabilities)
     assert cpu_bf16() == feature
+
+
+@pytest.mark.parametrize(("feature", "max_isa", "usable"), [
+    ("AVX512-BF16", None, "AVX512-BF16"),
+    ("AVX512-BF16", "AVX2", None),  # oneDNN held below bf16: emulated, whatever the CPU has
+    ("AVX512-BF16", "avx512_core_vnni", None),
+    ("AVX512-BF16", "AVX512_CORE_BF16", "AVX512-BF16"),
+    ("AMX-BF16", "AVX512_CORE_BF16", "AVX512-BF16"),  # AMX held back: its AVX512-BF16 is left
+    ("AMX-BF16", "ALL", "AMX-BF16"),
+    ("ARM BF16", "AVX2", "ARM BF16"),  # not an x86 ISA
+])
+def test_onednn_max_cpu_isa_caps_what_bf16_onednn_may_use(feature: str, max_isa: str | None,
+                                                           usable: str | None) -> None:
+    assert onednn_capped(feature, max_isa) == usable
+
+
+def test_an_isa_cap_in_the_environment_is_read(monkeypatch: pytest.MonkeyPatch, no_sources: Path) -> None:
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx512_bf16": True})
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert cpu_bf16() is None
 
 
 def test_torch_probe_beats_cpuinfo(monkeypatch: pytest.MonkeyPatch, no_sources: Path) -> None:
