@@ -22,7 +22,7 @@ CPU_BF16_FEATURES = "AMX/AVX512-BF16/ARM BF16"
 _CPU_FLAGS = (("amx_bf16", AMX_BF16), ("avx512_bf16", AVX512_BF16), ("bf16", ARM_BF16))
 _CPUINFO = Path("/proc/cpuinfo")
 # oneDNN's x86 ISAs that use AVX512-BF16, and those that use AMX: an ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA) below
-# them makes oneDNN, which runs torch's bf16 matmuls and convolutions on the CPU, emulate bf16 (a conv step 15-30x
+# them makes oneDNN, which runs torch's bf16 matmuls and convolutions on the CPU, emulate bf16 (a small conv step 24-32x
 # slower here with AVX2 than with AVX512-BF16) whatever the CPU has
 _ONEDNN_AMX = ("AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "ALL", "DEFAULT")
 _ONEDNN_BF16 = ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512", *_ONEDNN_AMX)
