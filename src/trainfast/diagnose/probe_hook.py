@@ -81,7 +81,8 @@ def gain_probe(timeline: Timeline, instrumentation: Instrumentation) -> Callable
 
 def proposed_threads(timeline: Timeline, instrumentation: Instrumentation) -> set[int]:
     """The intra-op thread counts below the current one that a fix would propose on the CPU: the num_workers fix's,
-    and the cpu_threads fix's (the cores the loader's workers leave), each offered only once its trial measured it."""
+    and the cpu_threads fix's (the cores the loader's workers leave): timed, so that each fix cites its trial (and
+    cpu_threads is offered only where it measured faster)."""
     records = timeline.records
     if not records:
         return set()
