@@ -23,6 +23,7 @@ and communication the device waits for stays in compute.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ class KindStats:
 
     def since(self, earlier: KindStats | None) -> KindStats:
         if earlier is None:
-            return KindStats(self.count, self.bytes, self.seconds, self.exposed_s, self.untimed)
+            return dataclasses.replace(self)
         return KindStats(self.count - earlier.count, self.bytes - earlier.bytes, self.seconds - earlier.seconds,
                          self.exposed_s - earlier.exposed_s, self.untimed - earlier.untimed)
 
@@ -128,8 +129,7 @@ class Collectives:
         return stats
 
     def totals(self, steps: int) -> CommTotals:
-        return CommTotals({k: KindStats(s.count, s.bytes, s.seconds, s.exposed_s, s.untimed)
-                           for k, s in self.kinds.items()}, steps)
+        return CommTotals({k: dataclasses.replace(s) for k, s in self.kinds.items()}, steps)  # (a copy: they go on)
 
     # ---- installation (instrument.py's `_patch`)
     def install(self, patch: Callable[[Any, str, Any], Any]) -> None:

@@ -209,7 +209,7 @@ class _CannotReplay(Exception):
 
 def _in_layout(layout: torch.memory_format, part: Part, copied: bool = True) -> Part:
     """The part in `layout` (NHWC or NCHW): the 4-D parameters and buffers of a copy of the model (of the model itself
-    when it is replayed in place: `_Restore` puts them back), converted tensor by tensor, not through the model's
+    when it is replayed in place: `_kept` puts them back), converted tensor by tensor, not through the model's
     `.to()`, which a wrapper may define otherwise (or refuse), and its 4-D inputs."""
     model, inputs = part
     if copied:
@@ -234,13 +234,12 @@ def _twin(model: nn.Module) -> nn.Module:
 
 
 class _Restore:
-    """A model replayed in place: its gradients put aside while the probe runs, its parameters' data (a candidate's
-    layout) and buffers (BatchNorm's running statistics) put back after each candidate, and the gradients at the
-    end."""
+    """A model replayed in place: its gradients put aside while the probe runs, its buffers (BatchNorm's running
+    statistics) put back after each candidate, and the gradients at the end. (A candidate's layout is undone around
+    each of its calls: `_kept`.)"""
 
     def __init__(self, models: list[nn.Module]) -> None:
         self.params = [p for m in models for p in m.parameters()]
-        self.data = [p.data for p in self.params]
         self.grads = [p.grad for p in self.params]
         self.buffers = [(b, b.detach().clone()) for m in models for b in m.buffers()]
         for p in self.params:
@@ -248,8 +247,6 @@ class _Restore:
 
     def state(self) -> None:
         with torch.no_grad():
-            for p, data in zip(self.params, self.data, strict=True):
-                p.data = data
             for b, saved in self.buffers:
                 b.copy_(saved)
 
@@ -360,23 +357,26 @@ def run_trials(calls: list[tuple[nn.Module, Any]], tried: list[Candidate], *,
     return out
 
 
-def _tensors(parts: list[Part]) -> list[torch.Tensor]:
-    return [t for model, _ in parts for t in [*model.parameters(), *model.buffers()]]
+@contextlib.contextmanager
+def _kept(parts: list[Part]) -> Iterator[None]:
+    """The models' parameters and buffers as they were on entry, put back on exit: a candidate that changes models
+    replayed in place (their tensors' data replaced: a layout) leaves them unchanged."""
+    saved = [(t, t.data) for model, _ in parts for t in [*model.parameters(), *model.buffers()]]
+    try:
+        yield
+    finally:
+        for t, data in saved:
+            t.data = data
 
 
 @contextlib.contextmanager
 def _changed_in_place(candidate: Candidate, parts: list[Part]) -> Iterator[None]:
     """Around one call of a candidate that changes the models, replayed in place: changed, then put back."""
-    saved = [(t, t.data) for t in _tensors(parts)]
-    try:
-        with candidate.setup():
-            for part in parts:
-                assert candidate.prepare is not None
-                candidate.prepare(part, False)
-            yield
-    finally:
-        for t, data in saved:
-            t.data = data
+    assert candidate.prepare is not None
+    with _kept(parts), candidate.setup():
+        for part in parts:
+            candidate.prepare(part, False)
+        yield
 
 
 def _first_line(e: BaseException) -> str:
@@ -393,19 +393,17 @@ def _trial(candidate: Candidate, base: _Replay, base_s: float, budget_s: float, 
     # the candidate's own copies of the models, when it changes them (channels_last); models replayed in place are
     # changed around each of the candidate's calls and put back, so the base's calls between run them as they were
     setup, parts = candidate.setup, base.parts
-    saved = [] if copied else [(t, t.data) for t in _tensors(base.parts)]
     try:
         if candidate.prepare is not None:
-            parts = [candidate.prepare(part, copied) for part in base.parts]
+            # (in place, the candidate's inputs stay changed; its models are changed around each call)
+            with contextlib.nullcontext() if copied else _kept(base.parts):
+                parts = [candidate.prepare(part, copied) for part in base.parts]
             if not copied:
                 setup = functools.partial(_changed_in_place, candidate, base.parts)
     except Exception as e:  # (a candidate's failure is its own: the others still run)
         return Trial(candidate.id, candidate.setting, value=candidate.value, failed=True,
                      reason=f"the doctor's {candidate.setting} conversion of the model failed ({type(e).__name__}: "
                             f"{_first_line(e)})")
-    finally:
-        for t, data in saved:  # (the candidate's inputs stay changed; its models are changed around each call)
-            t.data = data
     cand = _Replay(parts, base.device, candidate.context, setup)
     try:
         first = [cand() for _ in range(WARMUP_CALLS)]
