@@ -2,7 +2,8 @@
 
 from trainfast.diagnose.api import Doctor, diagnose
 from trainfast.diagnose.classify import VERDICTS, Fractions, Verdict, classify
-from trainfast.diagnose.recommend import Recommendation, recommend
+from trainfast.diagnose.recommend import recommend
+from trainfast.diagnose.recommendation import Recommendation
 from trainfast.diagnose.report import Report
 from trainfast.diagnose.runner import DoctorRun, run_doctor
 

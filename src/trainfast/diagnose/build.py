@@ -12,9 +12,10 @@ import torch
 from trainfast.diagnose import measured, monitored, noise
 from trainfast.diagnose.classify import DATA_WAIT_BOUND, classify
 from trainfast.diagnose.evidence import Evidence, main_loader
+from trainfast.diagnose.input_fixes import why_no_input_fix
 from trainfast.diagnose.instrument import Instrumentation, Observations
 from trainfast.diagnose.mfu import compute_entry, with_peak
-from trainfast.diagnose.recommend import not_offered, precision_may_pay, recommend, why_no_input_fix
+from trainfast.diagnose.recommend import not_offered, precision_may_pay, recommend
 from trainfast.diagnose.report import Report
 from trainfast.diagnose.runfixes import WholeRun, whole_run_fixes
 from trainfast.diagnose.timeline import Timeline

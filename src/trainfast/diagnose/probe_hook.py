@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 import torch
 
+from trainfast.diagnose.input_fixes import cpu_threads_beside_workers, num_workers
 from trainfast.diagnose.instrument import Instrumentation
 from trainfast.diagnose.measured import bf16_native, device_of, evidence_of
 from trainfast.diagnose.probe import BUDGET_SHARE, MAX_PROBE_S, Trials, candidates, run_trials, unwrap
-from trainfast.diagnose.recommend import cpu_threads_beside_workers, num_workers
 from trainfast.diagnose.timeline import MEASURE, Timeline
 from trainfast.flops import FlopCounter
 from trainfast.host import available_cpus

@@ -39,7 +39,7 @@ from rich.table import Table
 from trainfast.diagnose.classify import Fractions, Verdict
 from trainfast.diagnose.comms import collective_words
 from trainfast.diagnose.noise import noise_notes
-from trainfast.diagnose.recommend import Recommendation
+from trainfast.diagnose.recommendation import Recommendation
 from trainfast.diagnose.report import Report
 from trainfast.launch import launch_env
 

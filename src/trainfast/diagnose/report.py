@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainfast.diagnose.classify import Fractions, Verdict, max_speedups, no_verdict_reason
 from trainfast.diagnose.evidence import LoaderStats
-from trainfast.diagnose.recommend import Recommendation
+from trainfast.diagnose.recommendation import Recommendation
 from trainfast.diagnose.terminal import render_terminal
 from trainfast.diagnose.timeline import StepRecord
 

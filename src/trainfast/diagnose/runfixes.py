@@ -24,7 +24,7 @@ import torch
 from trainfast.diagnose.evidence import LoaderStats
 from trainfast.diagnose.ledger import Ledger, module_device_type
 from trainfast.diagnose.probe import Trial
-from trainfast.diagnose.recommend import MIN_GAIN, Recommendation
+from trainfast.diagnose.recommendation import MIN_GAIN, Recommendation
 from trainfast.diagnose.wholerun import account
 from trainfast.dynamo import dynamo_counts
 from trainfast.units import format_bytes

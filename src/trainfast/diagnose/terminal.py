@@ -11,7 +11,7 @@ from rich.table import Table
 from trainfast.diagnose.attempts import lost_progress_line
 from trainfast.diagnose.classify import Fractions, Verdict, no_verdict_reason
 from trainfast.diagnose.evidence import LoaderStats
-from trainfast.diagnose.recommend import Recommendation
+from trainfast.diagnose.recommendation import Recommendation
 from trainfast.diagnose.timeline import StepRecord
 
 VERDICT_STYLE = {"input-bound": "bold red", "transfer-bound": "bold red", "host-bound": "bold yellow",

@@ -44,7 +44,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from trainfast.atomic import as_write_failure, write_json
-from trainfast.diagnose.recommend import Recommendation
+from trainfast.diagnose.recommendation import Recommendation
 from trainfast.diagnose.runner import launched_ranks
 from trainfast.trainer.settings import set_tf32, torch_settings
 

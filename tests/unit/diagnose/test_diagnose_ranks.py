@@ -18,7 +18,7 @@ from trainfast.diagnose.classify import Fractions, classify
 from trainfast.diagnose.html import render_html
 from trainfast.diagnose.noise import noise_notes
 from trainfast.diagnose.ranks import STRAGGLER_SHARE, gather, job_figures, job_report, merge, rank_summary, send
-from trainfast.diagnose.recommend import Recommendation
+from trainfast.diagnose.recommendation import Recommendation
 from trainfast.diagnose.report import Report
 from trainfast.diagnose.runner import StoreStop
 from trainfast.diagnose.timeline import StepRecord

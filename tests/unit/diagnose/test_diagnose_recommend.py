@@ -9,9 +9,10 @@ import pytest
 
 from trainfast.diagnose.classify import Fractions, Verdict
 from trainfast.diagnose.evidence import Evidence, LoaderStats
+from trainfast.diagnose.input_fixes import why_no_input_fix
 from trainfast.diagnose.mfu import with_peak
 from trainfast.diagnose.probe import Trial, Trials
-from trainfast.diagnose.recommend import not_offered, precision_may_pay, recommend, why_no_input_fix
+from trainfast.diagnose.recommend import not_offered, precision_may_pay, recommend
 
 
 def loader(**overrides: Any) -> LoaderStats:

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from trainfast.diagnose.recommend import Recommendation
+from trainfast.diagnose.recommendation import Recommendation
 from trainfast.diagnose.verify import VALID_KEYS, apply_overrides, rank_verified, verify_fixes
 
 DATA = TensorDataset(torch.zeros(8, 2), torch.zeros(8))

@@ -13,7 +13,7 @@ import torch
 
 from trainfast.cli import main
 from trainfast.diagnose import verify
-from trainfast.diagnose.recommend import Recommendation
+from trainfast.diagnose.recommendation import Recommendation
 from trainfast.diagnose.verify import verify_fixes
 
 FIX = Recommendation("num_workers", "t", "w", "f", 1.5, overrides={"num_workers": 2})

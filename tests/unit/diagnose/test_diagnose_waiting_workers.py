@@ -10,7 +10,8 @@ import pytest
 from test_diagnose_recommend import evidence, ids, loader
 
 from trainfast.diagnose.classify import Fractions
-from trainfast.diagnose.recommend import MAX_WAITING_WORKERS, recommend, why_no_input_fix
+from trainfast.diagnose.input_fixes import MAX_WAITING_WORKERS, why_no_input_fix
+from trainfast.diagnose.recommend import recommend
 from trainfast.diagnose.worker_clock import WorkerClock
 from trainfast.diagnose.workers import WorkerTime, from_clock, from_loader, from_monitor, of_training
 from trainfast.monitor import FakeSource, Monitor

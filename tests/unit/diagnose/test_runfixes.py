@@ -9,7 +9,7 @@ from torch import nn
 from trainfast.diagnose.evidence import LoaderStats
 from trainfast.diagnose.ledger import EvalPass, Ledger
 from trainfast.diagnose.probe import Trial
-from trainfast.diagnose.recommend import Recommendation
+from trainfast.diagnose.recommendation import Recommendation
 from trainfast.diagnose.runfixes import amdahl, eval_trial, whole_run_fixes
 
 
