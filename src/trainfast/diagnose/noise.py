@@ -13,6 +13,7 @@ from trainfast.diagnose.monitored import since_start
 from trainfast.diagnose.periodic import Periodic
 from trainfast.diagnose.timeline import StepRecord
 from trainfast.monitor import Monitor, percentile
+from trainfast.monitor.series import Series
 
 # A spread this wide (p90 over p50) makes per-step figures unreliable: other load, or uneven steps.
 NOISY_SPREAD = 2.0
@@ -38,13 +39,15 @@ def spread(records: list[StepRecord]) -> dict[str, float] | None:
     return {"p10": percentile(seconds, 10), "p50": percentile(seconds, 50), "p90": percentile(seconds, 90)}
 
 
-def contention(monitor: Monitor | None, measuring_from: float | None) -> dict[str, Any] | None:
+def contention(monitor: Monitor | Series | None, measuring_from: float | None,
+               cores_fallback: int | None = None) -> dict[str, Any] | None:
     """Cores other processes kept busy while measuring: all CPUs' busy time less this process and its workers
     (whose own use, over the same samples, is `own_cores_busy_mean`: a job's other ranks take it off theirs)."""
     since = since_start(monitor, measuring_from)
     if monitor is None or since is None or "cpu.percent" not in monitor.metrics():
         return None
-    cores = sum(1 for m in monitor.metrics() if m.startswith("cpu") and m[3:4].isdigit()) or psutil.cpu_count() or 1
+    cores = (sum(1 for m in monitor.metrics() if m.startswith("cpu") and m[3:4].isdigit())
+             or (psutil.cpu_count() if cores_fallback is None else cores_fallback) or 1)
     series = {m: dict(zip(*monitor.series(m), strict=True)) for m in ("cpu.percent", "proc.cpu_percent",
                                                                        "workers.cpu_percent")}
     times = [t for t in series["cpu.percent"] if t >= since]

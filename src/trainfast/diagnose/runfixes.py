@@ -48,6 +48,12 @@ class WholeRun:
     entry: dict[str, Any]
     trial: Trial | None = None
     bandwidth: float | None = None
+    # what the entry was accounted from (its capture: snapshot.py)
+    ledger: Ledger | None = None
+    end: float | None = None
+    compiled: bool = False
+    warmup: int = 0
+    lost: dict[str, Any] | None = None  # attempts.py's `lost_progress`, set with the entry's
 
 
 def whole_run_entry(ledger: Ledger, instrumentation: Instrumentation, *, end: float, warmup: int) -> WholeRun:
@@ -62,7 +68,7 @@ def whole_run_entry(ledger: Ledger, instrumentation: Instrumentation, *, end: fl
         entry["evaluation"]["trial"] = trial.to_json()
     ledger.eval_call = None
     bandwidth = copy_bandwidth() if entry["checkpoint"]["blocking_s"] > 0 else None
-    return WholeRun(entry, trial, bandwidth)
+    return WholeRun(entry, trial, bandwidth, ledger=ledger, end=end, compiled=compiled, warmup=warmup)
 
 
 def amdahl(share: float, factor: float) -> float:

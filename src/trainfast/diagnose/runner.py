@@ -337,7 +337,7 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
         gc.collect()  # the unwound script's loaders (and their worker processes) go now, not at exit
     whole = None if ledger is None else whole_run_entry(ledger, inst, end=ended, warmup=warmup)
     if whole is not None:  # after torchrun restarted the job (attempts.py)
-        whole.entry["lost_progress"] = None if record is None else lost_progress(
+        whole.lost = whole.entry["lost_progress"] = None if record is None else lost_progress(
             record.store, attempt=attempt_of(), run=run, started=record.ledger.process_start + record.to_unix)
     try:
         return _report(timeline, inst, monitor, checks=checks, target=target, module=module, args=args,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
 import time
 from collections import deque
@@ -24,7 +23,8 @@ from collections.abc import Iterable
 from contextlib import suppress
 from types import TracebackType
 
-from trainfast.monitor.analysis import Stats, detect_sawtooth, stats
+from trainfast.monitor.analysis import Stats
+from trainfast.monitor.series import Series, cuda_indices
 from trainfast.monitor.sources import NvmlSource, PsutilSource, Source, TorchCudaSource, cuda_identity
 
 log = logging.getLogger("trainfast")
@@ -33,7 +33,6 @@ THREAD_NAME = "trainfast-monitor"
 # stop() waits this long for a sample in progress; a source stuck in the driver is left to the daemon
 # thread (it cannot keep the process alive) rather than blocking the end of training.
 JOIN_TIMEOUT_S = 5.0
-_GPU_UTIL = re.compile(r"gpu\d+\.util")
 
 Sample = tuple[float, dict[str, float]]
 
@@ -179,20 +178,25 @@ class Monitor:
                 vals.append(value)
         return series
 
+    def frozen(self, cuda_devices: Iterable[int] = ()) -> Series:
+        """What was sampled so far, frozen (series.py), with the NVML index of every CUDA device the allocator was
+        sampled on and of `cuda_devices` (the model's), matched now (`nvml_index`)."""
+        by_metric = self._by_metric()
+        devices = cuda_indices(list(by_metric)) | set(cuda_devices)
+        return Series(self._started_at, by_metric, dict(self.unavailable),
+                      {i: self.nvml_index(i) for i in sorted(devices)})
+
     def metrics(self) -> list[str]:
         """The names of every metric in the buffer, sorted."""
         return sorted(self._by_metric())
 
     def series(self, metric: str) -> tuple[list[float], list[float]]:
         """(seconds since start(), values) of one metric, for the samples that have it."""
-        found = self._by_metric().get(metric)
-        if found is None:
-            raise KeyError(f"no samples of {metric!r}; metrics recorded: {self.metrics()}")
-        return found
+        return Series(self._started_at, self._by_metric()).series(metric)
 
     def summary(self) -> dict[str, Stats]:
         """`Stats` of every metric over the buffered samples, by metric name (sorted)."""
-        return {metric: stats(values) for metric, (_, values) in sorted(self._by_metric().items())}
+        return Series(self._started_at, self._by_metric()).summary()
 
     def nvml_index(self, cuda_index: int) -> int | None:
         """The NVML index `j` (metrics `gpu{j}.*`) of torch's `cuda:{cuda_index}`, matched by UUID or PCI
@@ -203,5 +207,4 @@ class Monitor:
 
     def gpu_sawtooth(self) -> dict[str, bool]:
         """For each `gpu{i}.util`: does it swing between idle and busy (an input-bound run)?"""
-        return {metric: detect_sawtooth(values) for metric, (_, values) in sorted(self._by_metric().items())
-                if _GPU_UTIL.fullmatch(metric)}
+        return Series(self._started_at, self._by_metric()).gpu_sawtooth()
