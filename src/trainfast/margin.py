@@ -2,7 +2,7 @@
 
 Two runs of the same step on this machine class differ by ~3 % (a 2-core shared machine: the tuner's confirmation
 runs, the Trainer's A/Bs and the doctor's replays all saw it), so a smaller gain is not told apart from none. The
-doctor's candidate fixes (`diagnose/capture/probe.py`), the Trainer's A/Bs (`trainer/practices.py`) and the tuner
+doctor's candidate fixes (`diagnose/capture/probe.py`), the Trainer's A/Bs (`trainer/practice_kinds.py`) and the tuner
 (`tune/confirm.py`, `tune/search.py`) all decide with it: a setting is kept over the plain default only when it
 measured at least `FASTER` times as fast, and two settings within `1 - 1 / FASTER` of each other count as equal.
 """

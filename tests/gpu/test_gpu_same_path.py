@@ -24,7 +24,7 @@ from helpers import Images, Sample
 from trainfast import TrainConfig, Trainer, make_loader
 from trainfast.device import resolve_device
 from trainfast.loader.prefetch import DevicePrefetcher, Normalize
-from trainfast.trainer import practices
+from trainfast.trainer import practice_kinds, practices
 from trainfast.trainer.checkpoint import rng_state, set_rng_state
 from trainfast.trainer.settings import torch_settings
 
@@ -85,8 +85,8 @@ def test_the_default_trainer_trains_on_namedtuple_batches_on_cuda() -> None:
 
 
 def test_inputs_follow_a_layout_decided_mid_epoch_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(practices.Practices, "_decide",
-                        lambda self, ab: practices.Choice("channels_last", "contiguous", "decreed"))
+    monkeypatch.setattr(practice_kinds.ChannelsLast, "decide",
+                        lambda self, settings, ab: practices.Choice("channels_last", "contiguous", "decreed"))
     seen: list[bool] = []
     model = conv_net()
     model[0].register_forward_pre_hook(

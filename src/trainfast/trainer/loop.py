@@ -95,8 +95,7 @@ class Trainer:
         self._params = prepared.params
         # precision, channels_last and compile: priors now, confirmed by A/Bs on the first steps of fit
         self.practices = Practices(self.model, self.optimizer, self.device, prepared.caps, prepared.precision,
-                                   prepared.channels_last, requested_precision=cfg.precision,
-                                   requested_channels_last=cfg.channels_last, requested_compile=cfg.compile)
+                                   prepared.channels_last, cfg)
         # MFU's peak is the settled precision's; taken in the loop, its time is left out of the step it falls in
         self.practices.on_settled = self._peak_in_loop
         self.loss_fn = loss_fn or pair_loss
@@ -407,6 +406,7 @@ class Trainer:
         use = self.mfu.at(summary.samples_per_s)
         ckpt = Path(self.config.checkpoint_dir) if self.config.checkpoint_dir else None
         peak = self.mfu.peak
+        blocks = self.practices.to_json()  # FitResult has a typed field for each of the first three practices
         return FitResult(  # samples/s of the whole job: every rank trains as many samples per step
             epochs=self.epoch, steps=self.step, samples_per_s=summary.samples_per_s * self.dist.world_size,
             data_wait_fraction=summary.data_wait_fraction, final_loss=metrics.get("train_loss"),
@@ -414,7 +414,9 @@ class Trainer:
             checkpoint=str(ckpt / "last.pt") if ckpt and (ckpt / "last.pt").exists() else None,
             best_checkpoint=str(ckpt / "best.pt") if ckpt and (ckpt / "best.pt").exists() else None,
             skipped_steps=self.scaler.skipped_steps if self.scaler.enabled else 0, wall_s=wall_s,
-            loss_scale=self.scaler.loss_scale if self.scaler.enabled else None, **self.practices.to_json(),
+            loss_scale=self.scaler.loss_scale if self.scaler.enabled else None, precision=blocks.pop("precision", None),
+            channels_last=blocks.pop("channels_last", None), compile=blocks.pop("compile", None),
+            other_practices=blocks,
             mfu=use.mfu if use is not None else None, mfu_reason=self.mfu.why_none(use), flops_per_step=self.mfu.flops,
             peak_flops_per_s=peak.flops_per_s if peak else None, peak_source=peak.source if peak else None,
             checkpoint_blocked_s=list(self.state.blocked_s), checkpoint_write_s=list(self.state.write_s),

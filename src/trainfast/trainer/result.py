@@ -25,6 +25,8 @@ class FitResult:
     precision: dict[str, Any] | None = None
     channels_last: dict[str, Any] | None = None
     compile: dict[str, Any] | None = None
+    # Any practice registered beyond these three (trainer/practice_kinds.py): its block by name, in the JSON beside them
+    other_practices: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Model FLOPs utilisation of the timed steps on one device (trainfast/flops.py), None with `mfu_reason`
     mfu: float | None = None
     mfu_reason: str | None = None
@@ -49,4 +51,4 @@ class FitResult:
                "flops_per_step": self.flops_per_step, "peak_flops_per_s": self.peak_flops_per_s,
                "peak_source": self.peak_source, "checkpoint_blocked_s": self.checkpoint_blocked_s,
                "checkpoint_write_s": self.checkpoint_write_s, "whole_run": self.whole_run}
-        return out | ({"monitor": self.monitor} if self.monitor is not None else {})
+        return out | self.other_practices | ({"monitor": self.monitor} if self.monitor is not None else {})

@@ -4,8 +4,9 @@ The search ranks many configurations on short trials, so its best is the best of
 high; a configuration that oversubscribes the cores can also look fine for a few dozen batches and then train at half
 the speed. So the choice is measured once more beside `make_loader`'s "auto" plan: `ROUNDS` rounds, each running both
 (in alternating order, each with a fresh loader, as a training run starts), and kept only when the median of the
-per-round ratios is at least `1 + KEEP_GAIN`. Otherwise "auto" is what `workers="tuned"` gets, and the record says
-why, with both rates.
+per-round ratios is `faster`: at least `FASTER` (1.03x, `trainfast.margin`: the noise between runs here is ~3 %, so a
+smaller gain is not told apart from none). Otherwise "auto" is what `workers="tuned"` gets, and the record says why,
+with both rates.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainfast.loader.tuned import WorkerSettings
+from trainfast.margin import FASTER, faster
 from trainfast.tune.trial import Trial
 
 ROUNDS = 3
-KEEP_GAIN = 0.03  # the noise between runs here is ~3 %: a smaller gain is not told apart from none
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class Confirmation:
 
     @property
     def keeps_tuned(self) -> bool:
-        return self.ratio >= 1 + KEEP_GAIN
+        return faster(self.ratio)
 
     @property
     def kept(self) -> WorkerSettings:
@@ -63,7 +64,7 @@ class Confirmation:
                     f"{len(ratios)} interleaved rounds, {min(ratios):.2f}-{max(ratios):.2f})")
         if self.keeps_tuned:
             return f"{measured}; kept"
-        return f"{measured}, not {1 + KEEP_GAIN:.2f}x or more: auto's plan kept"
+        return f"{measured}, not {FASTER:.2f}x or more: auto's plan kept"
 
     def to_json(self) -> dict[str, Any]:
         return {"tuned": self.tuned.to_json(), "auto": self.auto.to_json(), "tuned_rates": list(self.tuned_rates),

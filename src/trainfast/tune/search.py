@@ -5,19 +5,20 @@
    torch's default threads).
 2. Workers from the start: one more while that gains more than `GAIN` and the loader does not yet keep up with the
    training step's own rate (measured alone on one cached batch); if none was added, halve them (down to none)
-   while the rate stays within `TOLERANCE` of the best (fewer workers are cheaper). Each count comes with auto's
+   while the rate stays within `WITHIN` of the best (3 %, `trainfast.margin`: configurations that close are
+   equivalent, the noise between runs is as large; fewer workers are cheaper). Each count comes with auto's
    prefetch and, when training on the CPU, the intra-op threads left beside it.
 3. Around the best: the other side of the CPU split (one thread more, one less), the threads backend (loader
    threads in place of processes), the other prefetch depth, and on CUDA the same without pinning.
-4. The choice: the *cheapest* configuration within `TOLERANCE` of the best one measured: spare cores and
+4. The choice: the *cheapest* configuration within `WITHIN` of the best one measured: spare cores and
    memory are worth more than a difference smaller than the measurement noise. When training on the CPU, a
    configuration with more busy threads (workers + intra-op threads) than usable CPUs is costlier than any that
-   fits: it is chosen only when it beats all of them by more than `TOLERANCE` (oversubscribed cores can train at
+   fits: it is chosen only when it beats all of them by more than `WITHIN` (oversubscribed cores can train at
    half the speed of a short trial's reading). Pinning counts as a cost
    only when the target is the CPU; on CUDA it is the expected setting and wins ties. Worker processes win ties
    over threads: only they keep a dataset that draws from the global RNGs reproducible.
 
-Every trial after the start stops as soon as it is clearly outside `TOLERANCE` of the best so far (`measure`'s
+Every trial after the start stops as soon as it is clearly outside `WITHIN` of the best so far (`measure`'s
 `beat`): most candidates lose, and a loser needs only enough batches to show it (the baseline too: its rate is
 reported, from fewer batches, when it is clearly slower).
 """
@@ -30,12 +31,11 @@ from dataclasses import replace
 
 from trainfast.loader.auto import auto_prefetch, threads_beside_workers
 from trainfast.loader.tuned import WorkerSettings
+from trainfast.margin import WITHIN
 from trainfast.tune.trial import Trial
 
 # A worker that adds less than this is not worth its core and memory (the noise between runs here is ~3 %).
 GAIN = 0.05
-# Configurations within this of the best are equivalent; the cheapest of them is chosen.
-TOLERANCE = 0.03
 
 Measure = Callable[[WorkerSettings, "float | None"], Trial]  # (config, beat: the rate that matters or None)
 
@@ -45,7 +45,7 @@ def oversubscribed(config: WorkerSettings, cpus: int) -> bool:
     return config.cpu_threads is not None and config.num_workers + config.cpu_threads > cpus
 
 
-def cheapest_within(trials: Iterable[Trial], tolerance: float = TOLERANCE, *, cuda: bool = False,
+def cheapest_within(trials: Iterable[Trial], tolerance: float = WITHIN, *, cuda: bool = False,
                     cpus: int | None = None) -> Trial:
     """The cheapest trial (within `cpus` busy threads, processes before threads, fewest workers, then prefetch,
     pinning, threads) within `tolerance` of the best.
@@ -80,7 +80,7 @@ def search(measure: Measure, *, start: WorkerSettings, cpus: int, cpu_training: 
         if config in seen or (not always and time.perf_counter() - started > budget_s):
             return None
         seen.add(config)
-        result = measure(config, (1 - TOLERANCE) * best().samples_per_s if trials else None)
+        result = measure(config, (1 - WITHIN) * best().samples_per_s if trials else None)
         trials.append(result)
         return result
 
@@ -90,7 +90,7 @@ def search(measure: Measure, *, start: WorkerSettings, cpus: int, cpu_training: 
                               cpu_threads=threads_beside_workers(cpus, workers) if cpu_training else None)
 
     def keeps_up(t: Trial) -> bool:  # the loader feeds the step as fast as it runs: more loading cannot help
-        return compute_rate is not None and t.samples_per_s >= (1 - TOLERANCE) * compute_rate
+        return compute_rate is not None and t.samples_per_s >= (1 - WITHIN) * compute_rate
 
     first = trial(start, always=True)
     assert first is not None  # the start always runs
@@ -106,7 +106,7 @@ def search(measure: Measure, *, start: WorkerSettings, cpus: int, cpu_training: 
     workers = start.num_workers // 2
     while not grown and start.num_workers > 0:  # down to none: on CUDA, pinned batches from the main process
         result = trial(with_workers(workers))
-        if workers == 0 or result is None or result.samples_per_s < (1 - TOLERANCE) * best().samples_per_s:
+        if workers == 0 or result is None or result.samples_per_s < (1 - WITHIN) * best().samples_per_s:
             break
         workers //= 2
     top = best().config

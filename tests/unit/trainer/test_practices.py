@@ -1,4 +1,5 @@
-"""Precision, channels_last and compile chosen by A/Bs on the run's first steps (trainer/practices.py).
+"""Precision, channels_last and compile chosen by A/Bs on the run's first steps (trainer/practices.py runs the
+practices of trainer/practice_kinds.py).
 
 The models here sleep in one setting, so each A/B has a known answer on any CPU; torch.compile is faked where a
 test is about the decision rather than inductor.
@@ -18,7 +19,7 @@ from torch import nn
 
 from trainfast.loader.memory import TensorLoader
 from trainfast.precision import cpufeatures
-from trainfast.trainer import practices
+from trainfast.trainer import practice_kinds, practices
 from trainfast.trainer.config import TrainConfig
 from trainfast.trainer.loop import Trainer
 from trainfast.trainer.practices import CYCLES, MIN_RUN_MULTIPLE
@@ -97,11 +98,11 @@ def test_precision_ab_keeps_the_faster(native_bf16: None, slow: Callable[[Sleepy
 @pytest.mark.parametrize(("fp32_s", "chosen"), [(0.1020, "32-true"), (0.1040, "bf16-mixed")])
 def test_a_precision_within_the_margin_keeps_fp32(native_bf16: None, fp32_s: float, chosen: str) -> None:
     """bf16 at 0.100 s a step: 2 % faster than fp32 is within the 3 % margin (fp32 kept: it is exact), 4 % is not."""
-    ab = practices._AB("precision", ("bf16-mixed", "32-true"), times={"bf16-mixed": [0.1, 0.1, 0.1],
-                                                                        "32-true": [fp32_s] * 3},
-                       guard={"bf16-mixed": 2.30, "32-true": 2.31})
+    ab = practice_kinds.PrecisionAB(("bf16-mixed", "32-true"), times={"bf16-mixed": [0.1, 0.1, 0.1],
+                                                                    "32-true": [fp32_s] * 3},
+                                    guard={"bf16-mixed": 2.30, "32-true": 2.31})
     trainer = Trainer(Sleepy(), config=TrainConfig(device="cpu", progress=False))
-    choice = trainer.practices._decide(ab)
+    choice = practice_kinds.Precision(trainer.config).decide(trainer.practices, ab)
     assert choice.chosen == chosen, choice.reason
     assert choice.step_s == {"bf16-mixed": 0.1, "32-true": fp32_s} and choice.loss == ab.guard
 
@@ -126,11 +127,12 @@ def test_the_loss_guard_leaves_no_trace(native_bf16: None) -> None:
     model = build()
     model(torch.randn(2, 3, 8, 8))  # materialise the lazy layer
     batch = next(iter(loader(1)))
-    ab = Trainer(model, config=TrainConfig(device="cpu", progress=False, channels_last=False)).practices
+    settings = Trainer(model, config=TrainConfig(device="cpu", progress=False, channels_last=False)).practices
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
-    guarded = practices._AB("precision", ("bf16-mixed", "32-true"))
-    ab._guard_precision(guarded, batch, lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]))
+    guarded = practice_kinds.PrecisionAB(("bf16-mixed", "32-true"))
+    practice_kinds.Precision.loss_guard(settings, guarded, batch,
+                                        lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]))
     assert set(guarded.guard) == {"bf16-mixed", "32-true"} and all(map(math.isfinite, guarded.guard.values()))
     assert guarded.local_gap < 0.02  # both forwards drew the same dropout mask (other masks: 5-10 % apart)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -211,13 +213,14 @@ def test_compile_auto_keeps_a_faster_compiled_step(monkeypatch: pytest.MonkeyPat
 def test_a_faster_compiled_step_is_kept_however_long_its_compile_took(monkeypatch: pytest.MonkeyPatch) -> None:
     """The compile time is spent by the time the A/B decides, whatever it decides: only the steps ahead count."""
     fake_compile(monkeypatch)
-    original = practices.Practices._compile
+    original = practice_kinds.Compile.compile_step
 
-    def slow_compile(self: practices.Practices, ab: practices._AB, batch: object, loss_of: object) -> None:
-        original(self, ab, batch, loss_of)  # type: ignore[arg-type]
+    def slow_compile(self: practice_kinds.Compile, settings: practices.Practices, ab: practice_kinds.CompileAB,
+                     batch: object, loss_of: object) -> None:
+        original(self, settings, ab, batch, loss_of)  # type: ignore[arg-type]
         ab.compile_s += 60.0  # as if inductor took a minute: the 16 steps left at 15 ms saved never repay it
 
-    monkeypatch.setattr(practices.Practices, "_compile", slow_compile)
+    monkeypatch.setattr(practice_kinds.Compile, "compile_step", slow_compile)
     block = compile_block(fit(Sleepy(eager_slow), steps=MIN_RUN_MULTIPLE * CYCLES, precision="32-true",
                               channels_last=False, compile="auto"))
     assert block["chosen"] == "compiled", block["reason"]
@@ -261,7 +264,7 @@ def test_compile_auto_falls_back_on_recompiles_or_graph_breaks(monkeypatch: pyte
         counts["graph_breaks"] += breaks
         return dict(counts)
 
-    monkeypatch.setattr(practices, "dynamo_counts", growing)
+    monkeypatch.setattr(practice_kinds, "dynamo_counts", growing)
     block = compile_block(fit(Sleepy(eager_slow), precision="32-true", channels_last=False, compile="auto"))
     assert block["chosen"] == "eager"
     assert why in str(block["reason"])
@@ -347,7 +350,7 @@ def test_frames_compiled_after_the_choice_are_reported(monkeypatch: pytest.Monke
     compile block and a warning say so (here the fake compiled model counts a frame at its first eval forward)."""
     fake_compile(monkeypatch)
     counts = {"frames": 0, "graph_breaks": 0}
-    monkeypatch.setattr(practices, "dynamo_counts", lambda: dict(counts))
+    monkeypatch.setattr(practice_kinds, "dynamo_counts", lambda: dict(counts))
 
     class EvalRecompiles(Sleepy):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -378,8 +381,9 @@ def test_dropout_does_not_trip_the_compiled_loss_guard() -> None:
     try:
         for seed in range(3):  # (the first compiles; the others reuse its code)
             torch.manual_seed(seed)
-            ab = practices._AB("compile", ("eager", "compiled"))
-            trainer.practices._compile(ab, batch, lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]))
+            ab = practice_kinds.CompileAB(("eager", "compiled"))
+            practice_kinds.Compile(trainer.config).compile_step(
+                trainer.practices, ab, batch, lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]))
             errors.append(ab.compile_error)
     finally:
         torch._dynamo.reset()
@@ -390,8 +394,8 @@ def test_inputs_follow_a_layout_decided_within_the_epoch(monkeypatch: pytest.Mon
     """The epoch starts in channels_last (the prior), so its inputs are converted to it; once the A/B settles on
     contiguous (here by decree), the rest of the epoch's inputs must come contiguous too, or the convolutions would
     keep running in channels_last with a contiguous model."""
-    monkeypatch.setattr(practices.Practices, "_decide",
-                        lambda self, ab: practices.Choice("channels_last", "contiguous", "decreed"))
+    monkeypatch.setattr(practice_kinds.ChannelsLast, "decide",
+                        lambda self, settings, ab: practices.Choice("channels_last", "contiguous", "decreed"))
     seen: list[bool] = []
 
     class Records(Sleepy):

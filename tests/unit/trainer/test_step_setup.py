@@ -100,5 +100,6 @@ def test_the_step_setup_and_the_default_loss_exist_once() -> None:
     assert _calls(r"(?<!def )default_optimizer\(") == {"trainer/step.py", "bench/naive.py"}
     assert _calls(r"(?<!def )LossScaler\(") == {"trainer/step.py", "trainer/state.py"}  # state: a resume's switch
     assert _calls(r"\.cross_entropy\(") == {"trainer/step.py", "bench/naive.py"}
-    assert _calls(r"(?<!def )resolve_precision\(") <= {"trainer/step.py", "trainer/practices.py", "trainer/state.py",
-                                                      "tune/batch_size.py", "cli/train.py", "bench/sweeps.py"}
+    assert _calls(r"(?<!def )resolve_precision\(") <= {"trainer/step.py", "trainer/practice_kinds.py",
+                                                      "trainer/state.py", "tune/batch_size.py", "cli/train.py",
+                                                      "bench/sweeps.py"}
