@@ -17,8 +17,8 @@ from trainfast.cli.flags import positive_int, positive_seconds
 DEFAULT_MAX_SECONDS = 300.0
 
 if TYPE_CHECKING:
-    from trainfast.diagnose.report import Report
-    from trainfast.diagnose.runner import DoctorRun
+    from trainfast.diagnose.report.report import Report
+    from trainfast.diagnose.run import DoctorRun
 
 
 EXAMPLES = """examples:
@@ -85,8 +85,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from trainfast.diagnose.html import render_html
-    from trainfast.diagnose.runner import run_doctor
+    from trainfast.diagnose.run import run_doctor
+    from trainfast.diagnose.show.html import render_html
 
     script_args = list(args.script_args)
     if args.module:
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not args.module and not Path(target).is_file():
         parser.error(f"no script at {target!r}; give a Python file, or -m MODULE for a module")
     if args.verify:
-        from trainfast.diagnose.verify import torchrun_refusal
+        from trainfast.diagnose.report.verify import torchrun_refusal
 
         refusal = torchrun_refusal(target, module=bool(args.module))
         if refusal is not None:  # before the script runs: nothing to measure twice
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _tensorboard(whole: dict[str, Any], folder: Path, console: Console, parser: argparse.ArgumentParser) -> bool:
     """The whole run's throughput over time, step split and phases as TensorBoard scalars in `folder`."""
-    from trainfast.diagnose.wholerun import scalars
+    from trainfast.diagnose.show.scalars import scalars
     from trainfast.tensorboard import ScalarWriter
 
     try:
@@ -200,7 +200,7 @@ def _other_rank(result: DoctorRun, args: argparse.Namespace) -> int:
 
 def render_report(report: Report, console: Console) -> None:
     """The report in the terminal, with the job's ranks under torchrun (ranks.py)."""
-    from trainfast.diagnose.ranks import render_ranks
+    from trainfast.diagnose.show.terminal import render_ranks
 
     report.render(console)
     if report.ranks is not None:
@@ -209,7 +209,7 @@ def render_report(report: Report, console: Console) -> None:
 
 def _verify(report: Report, target: str, *, module: bool, script_args: list[str], args: argparse.Namespace) -> None:
     """Measure the injectable fixes in fresh processes; the report gets the ranked, measured fixes."""
-    from trainfast.diagnose.verify import verify_fixes
+    from trainfast.diagnose.report.verify import verify_fixes
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

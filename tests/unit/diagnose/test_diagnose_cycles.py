@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from helpers import tick
-from trainfast.diagnose import timeline as timeline_module
-from trainfast.diagnose.timeline import MAX_CYCLE_STEPS, Timeline
+from trainfast.diagnose.capture import timeline as timeline_module
+from trainfast.diagnose.capture.timeline import MAX_CYCLE_STEPS, Timeline
 
 OPT = object()
 

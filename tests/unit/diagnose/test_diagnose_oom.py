@@ -11,9 +11,9 @@ import torch
 
 from trainfast.cli import main
 from trainfast.diagnose import run_doctor
-from trainfast.diagnose import runner as runner_module
-from trainfast.diagnose.html import render_html
-from trainfast.diagnose.instrument import Observations
+from trainfast.diagnose.capture import script as runner_module
+from trainfast.diagnose.capture.instrument import Observations
+from trainfast.diagnose.show.html import render_html
 from trainfast.oom import MemorySnapshot
 
 GIB = 2**30
@@ -120,7 +120,7 @@ def test_an_oom_before_the_first_step_says_so(tmp_path: Path) -> None:
     oom = report.to_json()["oom"]
     assert oom["step"] is None and oom["device"] is None  # no model seen, no CUDA work done
     assert report.verdict is None
-    from trainfast.diagnose.terminal import oom_paragraph
+    from trainfast.diagnose.show.text import oom_paragraph
     assert oom_paragraph(oom).startswith("the script ran out of memory before its first training step: CUDA out")
 
 

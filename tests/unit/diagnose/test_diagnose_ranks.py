@@ -13,15 +13,15 @@ import torch.distributed as dist
 from rich.console import Console
 
 from trainfast.cli.doctor import render_report
-from trainfast.diagnose import ranks
-from trainfast.diagnose.classify import Fractions, classify
-from trainfast.diagnose.html import render_html
-from trainfast.diagnose.noise import noise_notes
-from trainfast.diagnose.ranks import STRAGGLER_SHARE, gather, job_figures, job_report, merge, rank_summary, send
-from trainfast.diagnose.recommendation import Recommendation
-from trainfast.diagnose.report import Report
-from trainfast.diagnose.runner import StoreStop
-from trainfast.diagnose.timeline import StepRecord
+from trainfast.diagnose.capture.stop import StoreStop
+from trainfast.diagnose.evidence.noise import noise_notes
+from trainfast.diagnose.records.findings import Recommendation
+from trainfast.diagnose.records.steps import Fractions, StepRecord
+from trainfast.diagnose.report import job as ranks
+from trainfast.diagnose.report.job import STRAGGLER_SHARE, gather, job_figures, job_report, merge, rank_summary, send
+from trainfast.diagnose.report.report import Report
+from trainfast.diagnose.show.html import render_html
+from trainfast.diagnose.verdict import classify
 
 NUM_WORKERS = Recommendation(id="num_workers", title="use 4 loader workers", why="data wait 91%", fix="num_workers=4",
                              expected_gain=8.0, overrides={"num_workers": 4})
