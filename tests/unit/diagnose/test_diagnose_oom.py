@@ -125,10 +125,10 @@ def test_an_oom_before_the_first_step_says_so(tmp_path: Path) -> None:
 
 
 def test_the_allocator_is_read_on_the_models_device() -> None:
-    assert runner_module._model_device(Observations(device="cuda", device_index=1)) == torch.device("cuda", 1)
-    assert runner_module._model_device(Observations(device="cpu")) == torch.device("cpu")
+    assert runner_module.model_device(Observations(device="cuda", device_index=1)) == torch.device("cuda", 1)
+    assert runner_module.model_device(Observations(device="cpu")) == torch.device("cpu")
     if not torch.cuda.is_initialized():  # no model seen: the current CUDA device only after CUDA work
-        assert runner_module._model_device(Observations()) is None
+        assert runner_module.model_device(Observations()) is None
 
 
 def test_the_html_oom_block_is_escaped_and_tolerates_odd_entries() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from trainfast.diagnose import run as runner
+from trainfast.diagnose.run import doctor as runner
 from trainfast.diagnose.capture import script
 from trainfast.diagnose.capture.stop import STOP_CHECK_EVERY, StoreStop, launched_ranks, rank_agreement
 from trainfast.diagnose.capture.timeline import StopMeasuring, Timeline
@@ -120,7 +120,7 @@ def test_sigalrm_under_an_agreement_proposes_then_stops_alone_when_stuck(server:
     tl.agreement = StoreStop(client(server), 1)
     monkeypatch.setattr(script, "STUCK_GRACE_S", 0.3)
     started = time.monotonic()
-    with pytest.raises(StopMeasuring, match="budget"), script._alarm(0.05, tl):
+    with pytest.raises(StopMeasuring, match="budget"), script.alarm(0.05, tl):
         time.sleep(5)  # stuck: no step boundary comes
     seconds = time.monotonic() - started
     assert tl.stop_at == (STOP_CHECK_EVERY + 3, "budget")  # proposed to the other ranks at the first alarm...

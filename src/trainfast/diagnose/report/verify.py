@@ -40,9 +40,10 @@ from typing import Any
 import torch
 
 from trainfast.atomic import as_write_failure, write_json
-from trainfast.diagnose.capture.inject import LOADER_KEYS, apply_overrides, check_overrides
+from trainfast.diagnose.capture.inject import LOADER_KEYS, check_overrides
 from trainfast.diagnose.capture.stop import launched_ranks
 from trainfast.diagnose.records.findings import Recommendation
+from trainfast.diagnose.report.report import Report
 
 log = logging.getLogger("trainfast.diagnose")
 
@@ -68,23 +69,6 @@ def rank_verified(recommendations: Sequence[Recommendation]) -> list[Recommendat
             return (1 if r.gain_basis == "measured" else 2), -r.expected_gain
         return 3, 0.0
     return sorted(recommendations, key=key)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m trainfast.diagnose.report.verify SPEC.json`: one doctor run with the spec's overrides applied."""
-    from trainfast.diagnose.run import run_doctor
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) != 1:
-        print("usage: python -m trainfast.diagnose.report.verify SPEC.json", file=sys.stderr)
-        return 2
-    spec = json.loads(Path(argv[0]).read_text())
-    with apply_overrides(spec.get("overrides") or {}):
-        run = run_doctor(spec["target"], module=bool(spec.get("module")), args=list(spec.get("args") or []),
-                         steps=int(spec["steps"]), warmup=int(spec["warmup"]), max_seconds=spec.get("max_seconds"),
-                         probe_gains=False)  # the fix itself is what this run measures
-    write_json(spec["out"], {"exit_code": run.exit_code, "error": run.error, "report": run.report.to_json()})
-    return 0
 
 
 def _child_env() -> dict[str, str]:
@@ -146,7 +130,7 @@ def _run_child(label: str, overrides: Mapping[str, Any] | None, spec: dict[str, 
     started = time.perf_counter()
     timed_out = False
     with log_path.open("wb") as output:
-        proc = subprocess.Popen([sys.executable, "-m", "trainfast.diagnose.report.verify", str(spec_path)],
+        proc = subprocess.Popen([sys.executable, "-m", "trainfast.diagnose.run.child", str(spec_path)],
                                 stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                                 start_new_session=True)
         try:
@@ -303,3 +287,36 @@ def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | Non
     verified = [replace(r, measured_gain=measured[r.id], gain_basis="verified", basis_reason=None)
                 if r.overrides and r.id in measured else r for r in recommendations]
     return rank_verified(verified), info
+
+
+def verify_report(report: Report, target: str, *, module: bool = False, args: Sequence[str] | None = None,
+                  steps: int = 30, warmup: int = 5, max_seconds: float = 300.0, repeats: int = 1,
+                  progress: Callable[[str], None] | None = None) -> Report:
+    """`report` with its injectable fixes measured (`verify_fixes`): ranked by what they measured, the record of the
+    runs in `verify`. What it does and how it goes is said through `progress` (one line at a time); interrupted
+    (Ctrl-C, which also ends the child running), the report comes back unverified, its gains the estimated ones."""
+    say = progress or (lambda line: None)
+    fixes = [r for r in report.recommendations if r.overrides]
+    if not fixes:
+        say("verify: no fix to re-run: " + ("none of the fixes can be injected into the script without editing it"
+                                            if report.recommendations else "the doctor recommended none"))
+    else:
+        runs = (len(fixes) + 2) * repeats
+        say(f"verify: {runs} more run(s) of the script, each in a fresh process and up to {max_seconds:g} s: "
+            f"baseline, {', '.join(r.id for r in fixes)}, baseline" + (f"; x{repeats}" if repeats > 1 else ""))
+    try:
+        ranked, info = verify_fixes(target, module=module, args=args, recommendations=report.recommendations,
+                                    steps=steps, warmup=warmup, max_seconds=max_seconds, repeats=repeats,
+                                    progress=say)
+    except KeyboardInterrupt:  # the child was killed; the report still has the first run's estimates
+        say("verify: interrupted; the report shows the estimated gains only")
+        return report
+    baselines = [f"{v:,.1f}" if v is not None else "failed" for v in info["baseline_samples_per_s"]]
+    if baselines:
+        drift = ", ".join(f"{d - 1:+.0%}" for d in info["baseline_drift"]) or "n/a"
+        say(f"verify: baseline {' / '.join(baselines)} samples/s (drift after/before: {drift}); "
+            f"{len(info['runs'])} run(s) in {info['seconds']:.0f} s")
+    for fix_id, gain in info["gains"].items():
+        if gain["median"] is None:
+            say(f"verify: {fix_id} not measured: {gain['error'] or 'no result'}")
+    return replace(report, recommendations=ranked, verify=info)

@@ -40,6 +40,7 @@ class Shown(Protocol):
     env: dict[str, Any]
     notes: list[str]
     whole_run: dict[str, Any] | None
+    ranks: list[dict[str, Any]] | None
 
 
 def render_terminal(report: Shown, console: Console | None = None) -> None:
@@ -105,6 +106,8 @@ def render_terminal(report: Shown, console: Console | None = None) -> None:
                           f"{escape(str(check.get('fix', '')))}")
     for note in report.notes:
         console.print(f"note: {escape(note)}")
+    if report.ranks is not None:  # a torchrun job's report
+        render_ranks(report, console)  # type: ignore[arg-type]
 
 
 PHASE_STYLE = {"startup": "blue", "compile": "magenta", "train": "green", "evaluation": "cyan",
