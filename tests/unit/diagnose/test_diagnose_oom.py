@@ -12,7 +12,7 @@ import torch
 from trainfast.cli import main
 from trainfast.diagnose import run_doctor
 from trainfast.diagnose.capture import script as runner_module
-from trainfast.diagnose.capture.instrument import Observations
+from trainfast.diagnose.capture.observations import Observations
 from trainfast.diagnose.show.html import render_html
 from trainfast.oom import MemorySnapshot
 

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from helpers import tick
-from trainfast.diagnose.capture import instrument as instrument_module
+from trainfast.diagnose.capture import model_hook as instrument_module
 from trainfast.diagnose.capture.instrument import Instrumentation
-from trainfast.diagnose.capture.models import batch_axis, root_modules
+from trainfast.diagnose.capture.model_hook import batch_axis, root_modules
 from trainfast.diagnose.capture.timeline import StopMeasuring, Timeline
 
 D, G = object(), object()  # two optimizers

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from trainfast.diagnose.run import doctor as runner
 from trainfast.diagnose.capture import script
 from trainfast.diagnose.capture.stop import STOP_CHECK_EVERY, StoreStop, launched_ranks, rank_agreement
 from trainfast.diagnose.capture.timeline import StopMeasuring, Timeline
+from trainfast.diagnose.run import doctor as runner
 
 OPTIMIZER = object()
 

@@ -10,7 +10,7 @@ from torch.optim import optimizer as optimizer_module
 from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset, random_split
 
 from trainfast.diagnose.capture.instrument import Instrumentation
-from trainfast.diagnose.capture.loaders import describe_loader
+from trainfast.diagnose.capture.loader_hook import describe_loader
 from trainfast.diagnose.capture.timeline import StopMeasuring, Timeline
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import torch
 
-from trainfast.diagnose.capture.instrument import Observations
+from trainfast.diagnose.capture.observations import Observations
 from trainfast.diagnose.capture.stop import launched_ranks
 from trainfast.diagnose.capture.timeline import StopMeasuring, Timeline
 from trainfast.oom import advice, first_line, fragmented, is_oom, memory_at_oom, requested_bytes

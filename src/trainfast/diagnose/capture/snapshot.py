@@ -11,7 +11,8 @@ import psutil
 import torch
 
 from trainfast.diagnose.capture.comms import collectives_json
-from trainfast.diagnose.capture.instrument import Instrumentation, Observations
+from trainfast.diagnose.capture.instrument import Instrumentation
+from trainfast.diagnose.capture.observations import Observations
 from trainfast.diagnose.capture.timeline import Timeline
 from trainfast.diagnose.records.capture import (
     Capture,
