@@ -96,11 +96,11 @@ class Report:
                          for r in self.steps],
         }
 
-    # the terminal view, registered by show/terminal.py (imported with the package)
+    # the terminal view (show/terminal.py's), set by the package's face, trainfast/diagnose/__init__.py
     renderer: ClassVar[Callable[[Report, Console | None], None] | None] = None
 
     def render(self, console: Console | None = None) -> None:
         """The report in the terminal (show/terminal.py), on `console` or a new one."""
         if Report.renderer is None:
-            raise RuntimeError("no terminal renderer: import trainfast.diagnose (it registers show/terminal.py's)")
+            raise RuntimeError("no terminal renderer: import trainfast.diagnose, which sets show/terminal.py's")
         Report.renderer(self, console)

@@ -238,5 +238,3 @@ def render_ranks(report: Report, console: Console) -> None:
 def _share(value: object) -> str:
     return f"{value:.0%}" if isinstance(value, (int, float)) else "n/a"
 
-
-Report.renderer = render_terminal
