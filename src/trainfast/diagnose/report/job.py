@@ -171,7 +171,7 @@ def job_figures(summaries: Sequence[Mapping[str, Any]], *,
 
 
 def merge(report: Report, summaries: Mapping[int, Mapping[str, Any]], *, world_size: int,
-          why_missing: str | None = None) -> Report:
+          why_missing: str | None = None, host: str | None = None) -> Report:
     """Rank 0's `report` made the job's: `summaries` by rank, this rank's included; a rank without one is named in
     a note (`why_missing`: what went wrong reading them, if anything did)."""
     ordered = [summaries[r] for r in sorted(summaries)]
@@ -193,7 +193,7 @@ def merge(report: Report, summaries: Mapping[int, Mapping[str, Any]], *, world_s
     if straggler is not None:
         changes = _straggler_figures(summaries[straggler["rank"]], straggler, rows, this_rank=report.rank)
         notes.append(changes.pop("note"))
-    contention = _without_siblings(report, ordered, notes)
+    contention = _without_siblings(report, ordered, notes, host or socket.gethostname())
     return replace(report, samples_per_s=job_rate, world_size=world_size, ranks=rows, straggler=straggler,
                    contention=contention, notes=notes, **changes)
 
@@ -228,12 +228,11 @@ def _straggler_figures(summary: Mapping[str, Any], straggler: Mapping[str, Any],
     return changes
 
 
-def _without_siblings(report: Report, summaries: Sequence[Mapping[str, Any]],
-                      notes: list[str]) -> dict[str, Any] | None:
+def _without_siblings(report: Report, summaries: Sequence[Mapping[str, Any]], notes: list[str],
+                      host: str) -> dict[str, Any] | None:
     """The contention figures with the job's other ranks on this machine taken out of "other processes" (each
     rank's monitor counts its siblings among them); its note in `notes` is rewritten to match."""
     contention = report.contention
-    host = socket.gethostname()
     siblings = sum(float(s.get("cpu_cores_busy") or 0.0) for s in summaries
                    if s["rank"] != report.rank and s.get("host") == host)
     if contention is None or siblings <= 0:
