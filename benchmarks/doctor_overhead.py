@@ -30,9 +30,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from trainfast.atomic import write_json
 from trainfast.bench.hardware import describe, hardware
 from trainfast.bench.timing import Spread, interleave, ratios
-from trainfast.diagnose.instrument import Instrumentation
-from trainfast.diagnose.models import root_modules
-from trainfast.diagnose.timeline import Timeline
+from trainfast.diagnose.capture.instrument import Instrumentation
+from trainfast.diagnose.capture.model_hook import root_modules
+from trainfast.diagnose.capture.timeline import Timeline
 
 WARMUP_STEPS = 10  # enough for the instrumented run's two model scans (first batch, first step closed)
 Loop = Callable[[int], float]  # runs `steps` steps, returns seconds per step

@@ -81,9 +81,9 @@ def per_step(rounds: int) -> dict[str, Any]:
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
-    from trainfast.diagnose.instrument import Instrumentation
-    from trainfast.diagnose.ledger import Ledger
-    from trainfast.diagnose.timeline import Timeline
+    from trainfast.diagnose.capture.instrument import Instrumentation
+    from trainfast.diagnose.capture.ledger import Ledger
+    from trainfast.diagnose.capture.timeline import Timeline
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

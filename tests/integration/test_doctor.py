@@ -14,7 +14,7 @@ import torch
 
 from trainfast.cli import main
 from trainfast.diagnose import run_doctor
-from trainfast.diagnose.noise import CONTENTION_CORES
+from trainfast.diagnose.evidence.noise import CONTENTION_CORES
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainfast.diagnose.html import render_html
+from trainfast.diagnose.show.html import render_html
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_straggler.py"
 DELAY_S = 0.06

@@ -64,7 +64,7 @@ class _Called(Exception):
 def test_cli_doctor_passes_max_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
     def fake_run_doctor(target: str, **kwargs: object) -> None:
         raise _Called(kwargs)
-    monkeypatch.setattr(importlib.import_module("trainfast.diagnose.runner"), "run_doctor", fake_run_doctor)
+    monkeypatch.setattr(importlib.import_module("trainfast.diagnose.run"), "run_doctor", fake_run_doctor)
     with pytest.raises(_Called) as called:
         main(["doctor", "--max-seconds", "12.5", str(SCRIPTS / "before_loop.py")])
     assert called.value.args[0]["max_seconds"] == 12.5

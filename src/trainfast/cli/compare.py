@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainfast.atomic import json_text, write_output
-from trainfast.diagnose.compare import (
+from trainfast.diagnose.compare.figures import (
     CONFIDENCE,
     MIN_UNITS,
     STARTUP_NOISE,
@@ -23,9 +23,8 @@ from trainfast.diagnose.compare import (
     Comparison,
     Gate,
     IncomparableError,
-    compare,
-    judge,
 )
+from trainfast.diagnose.compare.gate import compare, judge
 from trainfast.trainer.config import ConfigError
 
 EXAMPLES = f"""examples:

@@ -17,8 +17,7 @@ from trainfast.cli.flags import positive_int, positive_seconds
 DEFAULT_MAX_SECONDS = 300.0
 
 if TYPE_CHECKING:
-    from trainfast.diagnose.report import Report
-    from trainfast.diagnose.runner import DoctorRun
+    from trainfast.diagnose.run import DoctorRun
 
 
 EXAMPLES = """examples:
@@ -85,8 +84,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from trainfast.diagnose.html import render_html
-    from trainfast.diagnose.runner import run_doctor
+    from trainfast.diagnose.run import run_doctor
+    from trainfast.diagnose.show.html import render_html
 
     script_args = list(args.script_args)
     if args.module:
@@ -103,7 +102,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not args.module and not Path(target).is_file():
         parser.error(f"no script at {target!r}; give a Python file, or -m MODULE for a module")
     if args.verify:
-        from trainfast.diagnose.verify import torchrun_refusal
+        from trainfast.diagnose.report.verify import torchrun_refusal
 
         refusal = torchrun_refusal(target, module=bool(args.module))
         if refusal is not None:  # before the script runs: nothing to measure twice
@@ -120,15 +119,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         except TensorBoardUnavailableError as e:  # before the script runs, not after
             parser.error(str(e))
     result = run_doctor(target, module=bool(args.module), args=script_args, steps=args.steps, warmup=args.warmup,
-                        max_seconds=args.max_seconds, whole_run=args.whole_run,
-                        from_process_start=_own_process())
-    if args.verify:
-        _verify(result.report, target, module=bool(args.module), script_args=script_args, args=args)
+                        max_seconds=args.max_seconds, whole_run=args.whole_run, from_process_start=_own_process(),
+                        verify=args.verify, verify_repeats=args.verify_repeats, progress=_say)
     if result.rank != 0:
         return _other_rank(result, args)
     console = Console(stderr=False)
     console.print()  # off the script's last line, which a progress bar may have left open ("\r", no newline)
-    render_report(result.report, console)
+    result.report.render(console)
     # A full volume (or a folder that refuses writes) costs the file, not the report printed above: one line, exit 1
     written = True
     for path, what in ((args.json, "JSON report"), (args.html, "HTML report")):
@@ -155,7 +152,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _tensorboard(whole: dict[str, Any], folder: Path, console: Console, parser: argparse.ArgumentParser) -> bool:
     """The whole run's throughput over time, step split and phases as TensorBoard scalars in `folder`."""
-    from trainfast.diagnose.wholerun import scalars
+    from trainfast.diagnose.show.scalars import scalars
     from trainfast.tensorboard import ScalarWriter
 
     try:
@@ -190,7 +187,7 @@ def _other_rank(result: DoctorRun, args: argparse.Namespace) -> int:
         console.print()
         console.print(f"trainfast doctor: the report of rank {result.rank} of {result.world_size} alone"
                       + ("" if result.published else " (its figures could not be sent to rank 0)"))
-        render_report(result.report, console)
+        result.report.render(console)
         if args.json or args.html:
             console.print(f"rank {result.rank} writes no --json/--html: rank 0 writes the job's")
     if result.error:
@@ -198,49 +195,9 @@ def _other_rank(result: DoctorRun, args: argparse.Namespace) -> int:
     return result.exit_code
 
 
-def render_report(report: Report, console: Console) -> None:
-    """The report in the terminal, with the job's ranks under torchrun (ranks.py)."""
-    from trainfast.diagnose.ranks import render_ranks
-
-    report.render(console)
-    if report.ranks is not None:
-        render_ranks(report, console)
-
-
-def _verify(report: Report, target: str, *, module: bool, script_args: list[str], args: argparse.Namespace) -> None:
-    """Measure the injectable fixes in fresh processes; the report gets the ranked, measured fixes."""
-    from trainfast.diagnose.verify import verify_fixes
-
-    def say(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
-    fixes = [r for r in report.recommendations if r.overrides]
-    limit = args.max_seconds or DEFAULT_MAX_SECONDS  # each re-run measures a window, a whole run or not
-    if not fixes:
-        say("verify: no fix to re-run: " + ("none of the fixes can be injected into the script without editing it"
-                                            if report.recommendations else "the doctor recommended none"))
-    else:
-        runs = (len(fixes) + 2) * args.verify_repeats
-        say(f"verify: {runs} more run(s) of the script, each in a fresh process and up to {limit:g} s: "
-            f"baseline, {', '.join(r.id for r in fixes)}, baseline" + (f"; x{args.verify_repeats}"
-                                                                     if args.verify_repeats > 1 else ""))
-    try:
-        ranked, info = verify_fixes(target, module=module, args=script_args, recommendations=report.recommendations,
-                                    steps=args.steps, warmup=args.warmup, max_seconds=limit,
-                                    repeats=args.verify_repeats, progress=say)
-    except KeyboardInterrupt:  # the child was killed; the report still has the first run's estimates
-        say("verify: interrupted; the report shows the estimated gains only")
-        return
-    report.recommendations = ranked
-    report.verify = info
-    baselines = [f"{v:,.1f}" if v is not None else "failed" for v in info["baseline_samples_per_s"]]
-    if baselines:
-        drift = ", ".join(f"{d - 1:+.0%}" for d in info["baseline_drift"]) or "n/a"
-        say(f"verify: baseline {' / '.join(baselines)} samples/s (drift after/before: {drift}); "
-            f"{len(info['runs'])} run(s) in {info['seconds']:.0f} s")
-    for fix_id, gain in info["gains"].items():
-        if gain["median"] is None:
-            say(f"verify: {fix_id} not measured: {gain['error'] or 'no result'}")
+def _say(line: str) -> None:
+    """`--verify`'s progress, on stderr: the report goes to stdout."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def _keep_arguments(parser: argparse.ArgumentParser) -> None:

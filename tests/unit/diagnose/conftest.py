@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from trainfast.diagnose import timeline as timeline_module
+from trainfast.diagnose.capture import timeline as timeline_module
 
 
 @pytest.fixture

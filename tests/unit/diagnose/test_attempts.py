@@ -17,16 +17,10 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from trainfast.diagnose.attempts import (
-    BEAT_S,
-    KEY,
-    AttemptRecord,
-    agent_store,
-    lost_progress,
-    lost_progress_line,
-    restarts_left,
-)
-from trainfast.diagnose.ledger import Ledger, Write
+from trainfast.diagnose.capture.attempts import BEAT_S, KEY, AttemptRecord, agent_store, lost_progress, restarts_left
+from trainfast.diagnose.capture.ledger import Ledger
+from trainfast.diagnose.records.ledger import Write
+from trainfast.diagnose.show.text import lost_progress_line
 
 
 @pytest.fixture
@@ -155,8 +149,8 @@ def test_sigterm_writes_the_record_then_ends_the_process_as_it_would_have(store:
         import os, signal, time
         from datetime import timedelta
         import torch.distributed as dist
-        from trainfast.diagnose.attempts import AttemptRecord
-        from trainfast.diagnose.ledger import Ledger
+        from trainfast.diagnose.capture.attempts import AttemptRecord
+        from trainfast.diagnose.capture.ledger import Ledger
         store = dist.TCPStore("127.0.0.1", {store.port}, is_master=False, timeout=timedelta(seconds=5))
         ledger = Ledger(process_start=time.perf_counter())
         ledger.steps_closed = lambda: 3

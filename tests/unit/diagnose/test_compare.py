@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from trainfast.diagnose.compare import MIN_UNITS, WHOLE_RUN, WINDOW, IncomparableError, check_report, compare, judge
+from trainfast.diagnose.compare.figures import MIN_UNITS, WHOLE_RUN, WINDOW, IncomparableError
+from trainfast.diagnose.compare.gate import compare, judge
+from trainfast.diagnose.compare.units import check_report
 
 BATCH = 32
 

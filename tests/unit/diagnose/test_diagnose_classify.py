@@ -7,15 +7,9 @@ import random
 
 import pytest
 
-from trainfast.diagnose.classify import (
-    LIMIT_SHARE,
-    SMALL_SHARE,
-    Fractions,
-    classify,
-    max_speedup,
-    max_speedups,
-    share_interval,
-)
+from trainfast.diagnose.evidence.noise import share_interval
+from trainfast.diagnose.records.steps import Fractions, max_speedup, max_speedups
+from trainfast.diagnose.verdict import LIMIT_SHARE, SMALL_SHARE, classify
 
 
 def f(wait: float = 0.0, transfer: float = 0.0, host: float = 0.0) -> Fractions:

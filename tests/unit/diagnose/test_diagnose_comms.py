@@ -8,13 +8,15 @@ from typing import Any
 
 import pytest
 
-from trainfast.diagnose.classify import LIMIT_SHARE, Fractions, classify
-from trainfast.diagnose.comms import CommTotals, KindStats, collective_words
-from trainfast.diagnose.evidence import Evidence
-from trainfast.diagnose.ranks import job_figures, rank_summary
-from trainfast.diagnose.recommend import COMM_HIDDEN, communication
-from trainfast.diagnose.report import Report
-from trainfast.diagnose.timeline import StepRecord, Timeline
+from trainfast.diagnose.capture.comms import CommTotals, KindStats
+from trainfast.diagnose.capture.timeline import Timeline
+from trainfast.diagnose.evidence.comms import collective_words
+from trainfast.diagnose.evidence.evidence import Evidence
+from trainfast.diagnose.fixes.collectives import COMM_HIDDEN, communication
+from trainfast.diagnose.records.steps import Fractions, StepRecord
+from trainfast.diagnose.report.job import job_figures, rank_summary
+from trainfast.diagnose.report.report import Report
+from trainfast.diagnose.verdict import LIMIT_SHARE, classify
 
 
 def fractions(comm: float, host: float = 0.02) -> Fractions:

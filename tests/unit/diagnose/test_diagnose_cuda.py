@@ -22,11 +22,12 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import helpers
-from trainfast.diagnose.build import build_report
-from trainfast.diagnose.devicetime import DeviceTimer
-from trainfast.diagnose.instrument import Instrumentation
-from trainfast.diagnose.measured import evidence_of
-from trainfast.diagnose.timeline import Timeline
+from trainfast.diagnose.capture.devicetime import DeviceTimer
+from trainfast.diagnose.capture.instrument import Instrumentation
+from trainfast.diagnose.capture.snapshot import snapshot
+from trainfast.diagnose.capture.timeline import Timeline
+from trainfast.diagnose.evidence.evidence import evidence_of
+from trainfast.diagnose.run import build_report
 from trainfast.monitor import Monitor, NvmlSource
 
 KERNEL_S = 0.018  # the model's kernels per step, queued asynchronously
@@ -291,7 +292,7 @@ def cuda_evidence(index: int) -> Any:
     timeline = Timeline(warmup_steps=0)
     inst = Instrumentation(timeline)
     inst.observed.device, inst.observed.device_index = "cuda", index
-    return evidence_of(timeline, inst, [], final=True)
+    return evidence_of(snapshot(timeline, inst, final=True))
 
 
 def test_bf16_and_peak_memory_are_the_model_device(fake_cuda: FakeCuda) -> None:

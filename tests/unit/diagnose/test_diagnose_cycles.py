@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from helpers import tick
-from trainfast.diagnose import timeline as timeline_module
-from trainfast.diagnose.timeline import MAX_CYCLE_STEPS, Timeline
+from trainfast.diagnose.capture import timeline as timeline_module
+from trainfast.diagnose.capture.timeline import Timeline
+from trainfast.diagnose.capture.window import MAX_CYCLE_STEPS
 
 OPT = object()
 

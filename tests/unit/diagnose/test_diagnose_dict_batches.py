@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from trainfast import diagnose
-from trainfast.diagnose.api import _forward_backward, _loader_rate
+from trainfast.diagnose.run.library import _forward_backward, _loader_rate
 from trainfast.loader.prefetch import move
 from trainfast.samples import batch_samples
 from trainfast.trainer.step import mapping_output_loss as _mapping_loss
@@ -97,7 +97,7 @@ def test_diagnose_counts_samples_of_dict_batches(monkeypatch: pytest.MonkeyPatch
         return replayed[-1]
 
     # by module: `trainfast.diagnose` the attribute is the function, which hides the subpackage from dotted paths
-    monkeypatch.setattr(importlib.import_module("trainfast.diagnose.api"), "batch_samples", spy)
+    monkeypatch.setattr(importlib.import_module("trainfast.diagnose.run.library"), "batch_samples", spy)
     model = TinyLM(width=256, depth=3)  # ~1 ms a step: clearly slower than collating 8 dicts
     report = diagnose(DataLoader(TokenDataset(256), batch_size=8), model=model, steps=20, warmup=2)
     data = report.to_json()

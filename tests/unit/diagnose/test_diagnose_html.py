@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trainfast.diagnose.html import MAX_BARS, render_html
+from trainfast.diagnose.show.html import render_html
+from trainfast.diagnose.show.html_sections import MAX_BARS
 
 HEADINGS = ("Where the step time goes", "Timeline", "Monitor", "Fixes, largest expected gain first", "Loaders",
             "Observed", "Environment", "Notes")

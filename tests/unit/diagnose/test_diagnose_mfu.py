@@ -9,9 +9,9 @@ import pytest
 from rich.console import Console
 
 from trainfast.diagnose import run_doctor
-from trainfast.diagnose.classify import Verdict
-from trainfast.diagnose.mfu import with_peak
-from trainfast.diagnose.terminal import compute_line
+from trainfast.diagnose.records.findings import Verdict
+from trainfast.diagnose.show.text import compute_line
+from trainfast.diagnose.verdict import with_peak
 
 LOOP = """
 import torch

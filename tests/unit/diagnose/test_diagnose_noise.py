@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainfast.diagnose import noise
-from trainfast.diagnose.build import build_report
-from trainfast.diagnose.instrument import Instrumentation
-from trainfast.diagnose.timeline import StepRecord, Timeline
+from trainfast.diagnose.capture.instrument import Instrumentation
+from trainfast.diagnose.capture.timeline import Timeline
+from trainfast.diagnose.evidence import noise
+from trainfast.diagnose.records.steps import StepRecord
+from trainfast.diagnose.run import build_report
 
 
 class SeriesMonitor:

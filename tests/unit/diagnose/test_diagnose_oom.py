@@ -11,9 +11,9 @@ import torch
 
 from trainfast.cli import main
 from trainfast.diagnose import run_doctor
-from trainfast.diagnose import runner as runner_module
-from trainfast.diagnose.html import render_html
-from trainfast.diagnose.instrument import Observations
+from trainfast.diagnose.capture import script as runner_module
+from trainfast.diagnose.capture.observations import Observations
+from trainfast.diagnose.show.html import render_html
 from trainfast.oom import MemorySnapshot
 
 GIB = 2**30
@@ -120,15 +120,15 @@ def test_an_oom_before_the_first_step_says_so(tmp_path: Path) -> None:
     oom = report.to_json()["oom"]
     assert oom["step"] is None and oom["device"] is None  # no model seen, no CUDA work done
     assert report.verdict is None
-    from trainfast.diagnose.terminal import oom_paragraph
+    from trainfast.diagnose.show.text import oom_paragraph
     assert oom_paragraph(oom).startswith("the script ran out of memory before its first training step: CUDA out")
 
 
 def test_the_allocator_is_read_on_the_models_device() -> None:
-    assert runner_module._model_device(Observations(device="cuda", device_index=1)) == torch.device("cuda", 1)
-    assert runner_module._model_device(Observations(device="cpu")) == torch.device("cpu")
+    assert runner_module.model_device(Observations(device="cuda", device_index=1)) == torch.device("cuda", 1)
+    assert runner_module.model_device(Observations(device="cpu")) == torch.device("cpu")
     if not torch.cuda.is_initialized():  # no model seen: the current CUDA device only after CUDA work
-        assert runner_module._model_device(Observations()) is None
+        assert runner_module.model_device(Observations()) is None
 
 
 def test_the_html_oom_block_is_escaped_and_tolerates_odd_entries() -> None:

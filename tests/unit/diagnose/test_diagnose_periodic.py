@@ -10,13 +10,13 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainfast.diagnose import noise
-from trainfast.diagnose.classify import Fractions
-from trainfast.diagnose.evidence import Evidence, LoaderStats
-from trainfast.diagnose.instrument import Instrumentation
-from trainfast.diagnose.periodic import epoch_cost, periodic_steps
-from trainfast.diagnose.recommend import recommend
-from trainfast.diagnose.timeline import StepRecord, Timeline
+from trainfast.diagnose.capture.instrument import Instrumentation
+from trainfast.diagnose.capture.timeline import Timeline
+from trainfast.diagnose.evidence import noise
+from trainfast.diagnose.evidence.evidence import Evidence
+from trainfast.diagnose.evidence.periodic import epoch_cost, periodic_steps
+from trainfast.diagnose.fixes.rank import recommend
+from trainfast.diagnose.records.steps import Fractions, LoaderStats, StepRecord
 
 
 def steps(*seconds: float) -> list[StepRecord]:

@@ -11,8 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from trainfast.diagnose import probe
-from trainfast.diagnose.probe import MIN_ROUNDS, Candidate, Trial, candidates, run_trials, unwrap
+from trainfast.diagnose.capture import probe
+from trainfast.diagnose.capture.probe import MIN_ROUNDS, Candidate, candidates, run_trials, unwrap
+from trainfast.diagnose.records.trials import Trial
 
 
 def model_and_input() -> tuple[nn.Module, tuple[tuple[torch.Tensor], dict[str, object]]]:

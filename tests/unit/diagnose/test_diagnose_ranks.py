@@ -12,16 +12,15 @@ import pytest
 import torch.distributed as dist
 from rich.console import Console
 
-from trainfast.cli.doctor import render_report
-from trainfast.diagnose import ranks
-from trainfast.diagnose.classify import Fractions, classify
-from trainfast.diagnose.html import render_html
-from trainfast.diagnose.noise import noise_notes
-from trainfast.diagnose.ranks import STRAGGLER_SHARE, gather, job_figures, job_report, merge, rank_summary, send
-from trainfast.diagnose.recommendation import Recommendation
-from trainfast.diagnose.report import Report
-from trainfast.diagnose.runner import StoreStop
-from trainfast.diagnose.timeline import StepRecord
+from trainfast.diagnose.capture.stop import StoreStop
+from trainfast.diagnose.evidence.noise import noise_notes
+from trainfast.diagnose.records.findings import Recommendation
+from trainfast.diagnose.records.steps import Fractions, StepRecord
+from trainfast.diagnose.report import job as ranks
+from trainfast.diagnose.report.job import STRAGGLER_SHARE, gather, job_figures, job_report, merge, rank_summary, send
+from trainfast.diagnose.report.report import Report
+from trainfast.diagnose.show.html import render_html
+from trainfast.diagnose.verdict import classify
 
 NUM_WORKERS = Recommendation(id="num_workers", title="use 4 loader workers", why="data wait 91%", fix="num_workers=4",
                              expected_gain=8.0, overrides={"num_workers": 4})
@@ -174,7 +173,7 @@ def test_the_terminal_shows_the_job_s_rate_the_ranks_and_the_straggler() -> None
     first, second = report(wait_s=0.001), report(wait_s=0.064)
     job = merge(first, dict(enumerate(summaries(first, second))), world_size=2)
     console = Console(record=True, width=140)
-    render_report(job, console)
+    job.render(console)
     text = console.export_text()
     assert text.count("verdict:") == 1 and "verdict: INPUT-BOUND — on rank 1: its data wait" in text
     assert "job: 229 samples/s over 2 ranks" in text
@@ -195,7 +194,7 @@ def test_a_single_process_report_keeps_its_keys() -> None:
     data = report().to_json()
     assert data["world_size"] == 1 and data["rank"] == 0 and data["ranks"] is None and data["straggler"] is None
     console = Console(record=True, width=140)
-    render_report(report(), console)  # no line about ranks
+    report().render(console)  # no line about ranks
     assert "ranks" not in console.export_text() and "straggler" not in console.export_text()
 
 

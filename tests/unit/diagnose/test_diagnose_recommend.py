@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 
-from trainfast.diagnose.classify import Fractions, Verdict
-from trainfast.diagnose.evidence import Evidence, LoaderStats
-from trainfast.diagnose.input_fixes import why_no_input_fix
-from trainfast.diagnose.mfu import with_peak
-from trainfast.diagnose.probe import Trial, Trials
-from trainfast.diagnose.recommend import not_offered, precision_may_pay, recommend
+from trainfast.diagnose.evidence.evidence import Evidence
+from trainfast.diagnose.fixes.notes import not_offered, why_no_input_fix
+from trainfast.diagnose.fixes.rank import recommend
+from trainfast.diagnose.records.findings import Verdict
+from trainfast.diagnose.records.steps import Fractions, LoaderStats
+from trainfast.diagnose.records.trials import Trial, Trials
+from trainfast.diagnose.verdict import precision_may_pay, with_peak
 
 
 def loader(**overrides: Any) -> LoaderStats:

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from trainfast.diagnose import run_doctor
-from trainfast.diagnose.classify import Fractions
-from trainfast.diagnose.evidence import Evidence
-from trainfast.diagnose.recommend import recommend
+from trainfast.diagnose.evidence.evidence import Evidence
+from trainfast.diagnose.fixes.rank import recommend
+from trainfast.diagnose.records.steps import Fractions
 
 SCRIPT = textwrap.dedent("""
     import torch

@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 from helpers import tick
-from trainfast.diagnose import instrument as instrument_module
-from trainfast.diagnose.instrument import Instrumentation
-from trainfast.diagnose.models import batch_axis, root_modules
-from trainfast.diagnose.timeline import StopMeasuring, Timeline
+from trainfast.diagnose.capture import model_hook as instrument_module
+from trainfast.diagnose.capture.instrument import Instrumentation
+from trainfast.diagnose.capture.model_hook import batch_axis, root_modules
+from trainfast.diagnose.capture.timeline import StopMeasuring, Timeline
 
 D, G = object(), object()  # two optimizers
 

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from trainfast.diagnose import runner
-from trainfast.diagnose.runner import STOP_CHECK_EVERY, StoreStop, launched_ranks, rank_agreement
-from trainfast.diagnose.timeline import StopMeasuring, Timeline
+from trainfast.diagnose.capture import script
+from trainfast.diagnose.capture.stop import STOP_CHECK_EVERY, StoreStop, launched_ranks, rank_agreement
+from trainfast.diagnose.capture.timeline import StopMeasuring, Timeline
+from trainfast.diagnose.run import doctor as runner
 
 OPTIMIZER = object()
 
@@ -103,7 +104,7 @@ def test_a_rank_without_the_store_stops_alone_as_before(clock: list[float],
         raise dist.DistStoreError("connect() timed out")
     tl = Timeline(warmup_steps=0)
     tl.agreement = StoreStop(unreachable, 1)
-    with caplog.at_level(logging.WARNING, logger="trainfast.diagnose.runner"):
+    with caplog.at_level(logging.WARNING, logger="trainfast.diagnose"):
         one_step(tl, clock)
         tl.deadline = clock[0]
         clock[0] += 0.01
@@ -117,9 +118,9 @@ def test_sigalrm_under_an_agreement_proposes_then_stops_alone_when_stuck(server:
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     tl = Timeline(warmup_steps=0)
     tl.agreement = StoreStop(client(server), 1)
-    monkeypatch.setattr(runner, "STUCK_GRACE_S", 0.3)
+    monkeypatch.setattr(script, "STUCK_GRACE_S", 0.3)
     started = time.monotonic()
-    with pytest.raises(StopMeasuring, match="budget"), runner._alarm(0.05, tl):
+    with pytest.raises(StopMeasuring, match="budget"), script.alarm(0.05, tl):
         time.sleep(5)  # stuck: no step boundary comes
     seconds = time.monotonic() - started
     assert tl.stop_at == (STOP_CHECK_EVERY + 3, "budget")  # proposed to the other ranks at the first alarm...
@@ -142,7 +143,7 @@ def test_launched_ranks(env: dict[str, str], ranks: int) -> None:
 def test_no_agreement_for_a_single_process_or_without_a_store_address(caplog: pytest.LogCaptureFixture) -> None:
     assert rank_agreement({}) is None
     assert rank_agreement({"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "x"}) is None
-    with caplog.at_level(logging.WARNING, logger="trainfast.diagnose.runner"):
+    with caplog.at_level(logging.WARNING, logger="trainfast.diagnose"):
         assert rank_agreement({"RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x"}) is None
     assert "2 ranks but no store" in caplog.text and "MASTER_ADDR" in caplog.text
 

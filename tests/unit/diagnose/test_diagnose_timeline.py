@@ -9,9 +9,9 @@ import torch
 from torch.optim import optimizer as optimizer_module
 from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset, random_split
 
-from trainfast.diagnose.instrument import Instrumentation
-from trainfast.diagnose.loaders import describe_loader
-from trainfast.diagnose.timeline import StopMeasuring, Timeline
+from trainfast.diagnose.capture.instrument import Instrumentation
+from trainfast.diagnose.capture.loader_hook import describe_loader
+from trainfast.diagnose.capture.timeline import StopMeasuring, Timeline
 
 
 def test_step_split_with_a_synthetic_clock(clock: list[float]) -> None:

@@ -16,8 +16,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from trainfast.diagnose.recommendation import Recommendation
-from trainfast.diagnose.verify import VALID_KEYS, apply_overrides, rank_verified, verify_fixes
+from trainfast.diagnose.capture.inject import VALID_KEYS, apply_overrides
+from trainfast.diagnose.records.findings import Recommendation
+from trainfast.diagnose.report.verify import rank_verified, verify_fixes
 
 DATA = TensorDataset(torch.zeros(8, 2), torch.zeros(8))
 
@@ -187,7 +188,7 @@ def test_rank_verified(recs: list[Recommendation], order: list[str]) -> None:
 
 # ------------------------------------------------------------------------------------------ orchestration
 
-# Stands in for `python -m trainfast.diagnose.verify SPEC.json`: samples/s from the overrides, a crash, a hang.
+# Stands in for `python -m trainfast.diagnose.report.verify SPEC.json`: samples/s from the overrides, a crash, a hang.
 FAKE_CHILD = textwrap.dedent("""
     import json, os, sys, time
     spec = json.load(open(sys.argv[-1]))

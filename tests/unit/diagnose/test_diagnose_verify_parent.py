@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from trainfast.cli import main
-from trainfast.diagnose import verify
-from trainfast.diagnose.recommendation import Recommendation
-from trainfast.diagnose.verify import verify_fixes
+from trainfast.diagnose.records.findings import Recommendation
+from trainfast.diagnose.report import verify
+from trainfast.diagnose.report.verify import verify_fixes
 
 FIX = Recommendation("num_workers", "t", "w", "f", 1.5, overrides={"num_workers": 2})
 # what torchrun gives each rank (tests/integration/test_doctor_torchrun.py runs the real one)
@@ -37,7 +37,7 @@ def test_cli_refuses_verify_under_torchrun_before_running_the_script(under_torch
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     def run_doctor(*args: Any, **kwargs: Any) -> None:
         raise _Ran
-    monkeypatch.setattr(importlib.import_module("trainfast.diagnose.runner"), "run_doctor", run_doctor)
+    monkeypatch.setattr(importlib.import_module("trainfast.diagnose.run"), "run_doctor", run_doctor)
     script = tmp_path / "train.py"
     script.write_text("")
     with pytest.raises(SystemExit) as exit_info:
@@ -53,7 +53,7 @@ def test_cli_without_verify_still_runs_under_torchrun(under_torchrun: None, tmp_
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     def run_doctor(*args: Any, **kwargs: Any) -> None:
         raise _Ran
-    monkeypatch.setattr(importlib.import_module("trainfast.diagnose.runner"), "run_doctor", run_doctor)
+    monkeypatch.setattr(importlib.import_module("trainfast.diagnose.run"), "run_doctor", run_doctor)
     script = tmp_path / "train.py"
     script.write_text("")
     with pytest.raises(_Ran):

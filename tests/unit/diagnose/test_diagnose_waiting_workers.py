@@ -9,11 +9,12 @@ import time
 import pytest
 from test_diagnose_recommend import evidence, ids, loader
 
-from trainfast.diagnose.classify import Fractions
-from trainfast.diagnose.input_fixes import MAX_WAITING_WORKERS, why_no_input_fix
-from trainfast.diagnose.recommend import recommend
-from trainfast.diagnose.worker_clock import WorkerClock
-from trainfast.diagnose.workers import WorkerTime, from_clock, from_loader, from_monitor, of_training
+from trainfast.diagnose.capture.worker_clock import WorkerClock
+from trainfast.diagnose.evidence.workers import WorkerTime, from_clock, from_loader, from_monitor, of_training
+from trainfast.diagnose.fixes.input import MAX_WAITING_WORKERS
+from trainfast.diagnose.fixes.notes import why_no_input_fix
+from trainfast.diagnose.fixes.rank import recommend
+from trainfast.diagnose.records.steps import Fractions
 from trainfast.monitor import FakeSource, Monitor
 from trainfast.monitor.sources import PsutilSource
 

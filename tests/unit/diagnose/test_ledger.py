@@ -16,10 +16,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainfast.diagnose.instrument import Instrumentation
-from trainfast.diagnose.ledger import CHECKPOINT, LOGGING, SLEEP, Ledger
-from trainfast.diagnose.timeline import Timeline
-from trainfast.diagnose.wholerun import account
+from trainfast.diagnose.capture.instrument import Instrumentation
+from trainfast.diagnose.capture.ledger import Ledger
+from trainfast.diagnose.capture.timeline import Timeline
+from trainfast.diagnose.evidence.wholerun import account
+from trainfast.diagnose.records.ledger import CHECKPOINT, LOGGING, SLEEP
 
 
 @pytest.mark.slow
@@ -85,7 +86,7 @@ def test_a_module_imported_later_is_patched_when_the_script_imports_it() -> None
     json.tool stands in for it)."""
     ledger = Ledger(process_start=time.perf_counter())
     patched: list[tuple[object, str]] = []
-    from trainfast.diagnose import ledger as ledger_module
+    from trainfast.diagnose.capture import ledger as ledger_module
 
     finder = ledger_module._OnImport("json.tool", lambda module: patched.append((module, "main")))
     sys.meta_path.insert(0, finder)

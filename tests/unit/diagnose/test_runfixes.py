@@ -6,11 +6,13 @@ import pytest
 import torch
 from torch import nn
 
-from trainfast.diagnose.evidence import LoaderStats
-from trainfast.diagnose.ledger import EvalPass, Ledger
-from trainfast.diagnose.probe import Trial
-from trainfast.diagnose.recommendation import Recommendation
-from trainfast.diagnose.runfixes import amdahl, eval_trial, whole_run_fixes
+from trainfast.diagnose.capture.ledger import Ledger
+from trainfast.diagnose.capture.whole_trials import eval_trial
+from trainfast.diagnose.fixes.run import amdahl, whole_run_fixes
+from trainfast.diagnose.records.findings import Recommendation
+from trainfast.diagnose.records.ledger import EvalPass
+from trainfast.diagnose.records.steps import LoaderStats
+from trainfast.diagnose.records.trials import Trial
 
 
 def entry(**seconds: float) -> dict:

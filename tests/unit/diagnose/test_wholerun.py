@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from trainfast.diagnose.ledger import DOCTOR, LOGGING, SLEEP, EvalPass, Ledger, Write
-from trainfast.diagnose.wholerun import PHASES, account, scalars
+from trainfast.diagnose.capture.ledger import Ledger
+from trainfast.diagnose.evidence.wholerun import PHASES, account
+from trainfast.diagnose.records.ledger import DOCTOR, LOGGING, SLEEP, EvalPass, Write
+from trainfast.diagnose.show.scalars import scalars
 
 
 def ledger_with_steps(n: int, *, start: float = 2.0, step_s: float = 0.1, wait_s: float = 0.01, samples: int = 32,

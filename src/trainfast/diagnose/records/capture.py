@@ -15,10 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainfast.diagnose.evidence import LoaderStats
-from trainfast.diagnose.probe import Trial, Trials
-from trainfast.diagnose.timeline import StepRecord
-from trainfast.diagnose.worker_clock import WorkerTotals
+from trainfast.diagnose.records.steps import LoaderStats, StepRecord, WorkerTotals
+from trainfast.diagnose.records.trials import Trial, Trials
 from trainfast.flops import Peak
 from trainfast.monitor.series import Series
 
@@ -188,7 +186,7 @@ def _loader(data: JSON) -> LoaderStats:
 
 
 def _whole(data: JSON) -> WholeRecord:
-    from trainfast.diagnose.ledger import EvalPass, Write
+    from trainfast.diagnose.records.ledger import EvalPass, Write
 
     ledger = data["ledger"]
     arrays = ("step_start", "step_end", "step_wait", "step_transfer", "step_gap", "step_samples")

@@ -1,0 +1,158 @@
+"""Instrumentation for an unmodified training loop: the hooks installed on entry, every patch removed on exit.
+
+The hooks, each an object that installs its patches through `Instrumentation._patch` (which undoes them all on exit,
+also when the script raises) and lets go of what it kept of the script on `uninstall`:
+- the loaders' (loader_hook.py): each iterator's `next()` timed, each epoch's worker start-up, the workers' own clock;
+- the model's (model_hook.py): the root modules found and their forwards watched, the model's device, its layout;
+- the steps' (step_hook.py): optimizer steps and backward passes, the signals that end a step (timeline.py);
+- the tensors' (tensor_hook.py): host syncs, host-to-device copies, autocast, JPEG decodes;
+- the collectives' across ranks (comms.py), once the script's process group is up;
+- a whole run's ledger (ledger.py): evaluation passes, checkpoint writes, prints and sleeps.
+They share what this object holds: the timeline they feed, what they observed (`Observations`), whether the doctor
+itself is at work (`paused`: its trials) or inside a loader's `next()` (`fetching`), whether the model is still
+being looked for (`scanning`), and the CUDA events of the model's device once it is known to be one (`events`).
+Compilation is read from torch._dynamo's counters instead of patching `torch.compile`, which other libraries wrap
+themselves, as differences between snapshots (instrumentation start, warm-up end, measured steps' end): what the
+process compiled before, another model or an earlier run, is not this loop's. When the run ends, capture/snapshot.py
+freezes all of it into a `Capture`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from trainfast.diagnose.capture.comms import Collectives
+from trainfast.diagnose.capture.devicetime import DeviceTimer
+from trainfast.diagnose.capture.ledger import Ledger
+from trainfast.diagnose.capture.loader_hook import LoaderHook
+from trainfast.diagnose.capture.model_hook import ModelHook
+from trainfast.diagnose.capture.observations import Hook, Observations
+from trainfast.diagnose.capture.step_hook import StepHook
+from trainfast.diagnose.capture.tensor_hook import TensorHook
+from trainfast.diagnose.capture.timeline import Timeline
+from trainfast.diagnose.capture.window import _earliest, _Step
+from trainfast.dynamo import dynamo_counts
+
+
+class Instrumentation:
+    """Install the hooks on entry, remove every one on exit (also when the script raises)."""
+
+    def __init__(self, timeline: Timeline, *, time_transfers: bool | None = None,
+                 on_loader: Callable[[Any], None] | None = None, device_timer: DeviceTimer | None = None,
+                 ledger: Ledger | None = None) -> None:
+        self.timeline = timeline
+        self.ledger = ledger  # a whole run's (ledger.py): every step, evaluation pass, save, print and sleep
+        self.fetching = False  # inside a timed loader's next()
+        self.paused = False  # the doctor's own work (probe.py): the hooks pass it through
+        self.scanning = True  # until the second scan (when the first step closes): hot paths skip discover()
+        timeline.on_close = self._step_closed
+        # CUDA events on the model's device; `events` is the timer once that device is known to be a CUDA one
+        # (None before and on the CPU: the hot paths test it and skip)
+        self.device_timer = device_timer or DeviceTimer()
+        self.events: DeviceTimer | None = None
+        self.observed = Observations()
+        self._undo: list[Callable[[], None]] = []
+        # collectives across ranks (comms.py): installed at a scan once the script's process group is up
+        self.collectives = Collectives(timeline.communicated, lambda: self.paused)
+        self.model = ModelHook(self)
+        self.loader = LoaderHook(self, on_loader)
+        self.hooks: list[Hook] = [self.loader, StepHook(self, self.model), self.model, TensorHook(
+            self, self.model, time_transfers=torch.cuda.is_available() if time_transfers is None else time_transfers)]
+        # what the other hooks and the doctor call, bound once (the hot paths read them as attributes)
+        self.loaders = self.loader.loaders
+        self.worker_clock = self.loader.worker_clock
+        self.stats_for = self.loader.stats_for
+        self.last_calls = self.model.last_calls
+        self.discover = self.model.discover
+        self.saw_batch = self.model.saw_batch
+
+    # ---- patch bookkeeping
+    def _patch(self, owner: Any, name: str, replacement: Any) -> Any:
+        had_own = name in vars(owner)
+        original = getattr(owner, name)
+        setattr(owner, name, replacement)
+
+        def undo() -> None:
+            if had_own:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)  # fall back to the inherited attribute, exactly as before
+        self._undo.append(undo)
+        return original
+
+    def __enter__(self) -> Instrumentation:
+        try:
+            if self.ledger is not None:
+                self.ledger.steps_closed = lambda: self.timeline.closed_steps
+                self.ledger.install(self._patch)
+            for hook in self.hooks:
+                hook.install(self._patch)
+            self.observed.dynamo_at_start = dynamo_counts()
+            if self.timeline.warmup_steps == 0:
+                self.observed.dynamo_at_warmup = self.observed.dynamo_at_start
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.ledger is not None:
+            self.ledger.uninstall()
+        while self._undo:
+            self._undo.pop()()
+        self.timeline.finish()  # the last step, waiting for an iteration that will not come
+        if not self.observed.dynamo_at_end:  # the measured steps ended with the run (no step limit, or too few)
+            self.observed.dynamo_at_end = dynamo_counts()
+            self.observed.workers_at_end = self.worker_clock.totals()
+            self.observed.comm_at_end = self.collectives.totals(self.timeline.closed_steps)
+        observed = self.observed
+        if observed.flop_counter is not None:  # the run ended inside the counted step: a part of a step is no count
+            observed.flop_counter.stop()
+            observed.flop_counter, observed.flops_reason = None, "the script ended before the counted step did"
+        for hook in self.hooks:  # (after the last step closed: its probe still replays the model's last call)
+            hook.uninstall()
+
+    def end_step(self) -> None:
+        """End a step now: for callers that define steps themselves (`Timeline(explicit_steps=True)`)."""
+        self.work_done()
+        self.timeline.step_end()
+
+    def work_done(self) -> None:
+        if self.events is not None:
+            self.events.work_done()
+
+    def _step_closed(self, measured: bool, step: _Step) -> None:
+        """The timeline closed a step: keep the compile counters and CUDA events in step with it, and give a whole
+        run's ledger its span."""
+        observed, timeline = self.observed, self.timeline
+        ledger = self.ledger
+        if ledger is not None:
+            ledger.loader_fed = timeline.loader_fed
+            first_input = step.first_ask if step.first_ask is not None else _earliest(step.first_forward,
+                                                                                      step.first_no_grad)
+            ledger.step(step.start, step.end, step.wait, step.transfer, first_input,
+                        step.samples or step.forward_samples, step.opening)
+        if not observed.dynamo_at_warmup and timeline.measuring:
+            observed.dynamo_at_warmup = dynamo_counts()
+            observed.workers_at_warmup = self.worker_clock.totals()
+            observed.comm_at_warmup = self.collectives.totals(timeline.closed_steps)
+        if measured and not observed.dynamo_at_end and timeline.phases[0].done:
+            observed.dynamo_at_end = dynamo_counts()
+            observed.workers_at_end = self.worker_clock.totals()
+            observed.comm_at_end = self.collectives.totals(timeline.closed_steps)
+        if self.scanning:
+            self.discover("step")
+        if self.events is not None:
+            self.events.step_closed(measured)
+        elif (ledger is None and not self.scanning and observed.dynamo_at_warmup and self.device_timer.settled
+              and (observed.dynamo_at_end or timeline.max_steps is None)):  # (no step limit: __exit__ takes it)
+            timeline.on_close = None  # nothing left to do per step: save the call (~0.5 us)
+
+    def doctor_time(self, seconds: float, what: str) -> None:
+        """The doctor itself just spent `seconds` on `what` (a scan, the timed candidates): not the script's."""
+        self.timeline.pause(seconds)
+        if self.ledger is not None:
+            self.ledger.doctor(seconds, what)

@@ -1,0 +1,80 @@
+"""The probes' hook on the timeline: when the measured steps end, the candidate fixes are timed on the script's own
+model (probe.py), with the thread counts a loader fix would leave the model, and the next step's FLOPs counted."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from trainfast.diagnose.capture.instrument import Instrumentation
+from trainfast.diagnose.capture.probe import BUDGET_SHARE, MAX_PROBE_S, candidates, run_trials, unwrap
+from trainfast.diagnose.capture.snapshot import bf16_native, device_of
+from trainfast.diagnose.capture.timeline import MEASURE, Timeline
+from trainfast.diagnose.records.trials import Trials
+from trainfast.flops import FlopCounter
+from trainfast.host import available_cpus
+from trainfast.trainer.settings import torch_settings
+
+# One step after the measured ones, its FLOPs counted (FlopCounterMode slows it: it is not among the measured)
+FLOPS_PHASE = "flops"
+
+
+def gain_probe(timeline: Timeline, instrumentation: Instrumentation,
+               wanted_threads: Callable[[], set[int]] = set) -> Callable[[str], None]:
+    """A `Timeline.on_phase_end`: when the measured steps end, time the candidate fixes on the script's own model
+    and first training input (probe.py), within `BUDGET_SHARE` of the budget left (the timeline's deadline) and
+    `MAX_PROBE_S` (the time is the doctor's, not the script's: `Timeline.pause`); then count the FLOPs of the next
+    step, whole, as the script runs it. Not for a compiled model: it would recompile under the counting mode. Every
+    rank of a job decides alike (on whether the model is compiled, not on a timing), so all take the same steps."""
+    def on_phase_end(phase: str) -> None:
+        if phase == FLOPS_PHASE and instrumentation.observed.flop_counter is not None:
+            instrumentation.observed.flops_per_step = instrumentation.observed.flop_counter.stop()
+            instrumentation.observed.flop_counter = None
+            return
+        if phase != MEASURE or instrumentation.observed.trials is not None:
+            return
+        _time_candidates()
+        if instrumentation.observed.compiled_model or instrumentation.observed.dynamo_at_end.get("frames", 0) > \
+                instrumentation.observed.dynamo_at_start.get("frames", 0):
+            instrumentation.observed.flops_reason = "the model is compiled: counting would make torch.compile recompile"
+            return
+        timeline.add_phase(FLOPS_PHASE, warmup=0, steps=1)
+        instrumentation.observed.flop_counter = FlopCounter().start()
+
+    def _time_candidates() -> None:
+        calls = list(instrumentation.last_calls.values())
+        if not calls:
+            instrumentation.observed.trials = Trials(reason="no training forward of a model was seen")
+            return
+        started = time.perf_counter()
+        left = MAX_PROBE_S if timeline.deadline is None else max(0.0, timeline.deadline - started)
+        observed = instrumentation.observed
+        models = len({id(unwrap(module)) for module, _ in calls})
+        # forward + backward passes per step, of each model: gradient accumulation replays the model more than once
+        replays = max(1.0, timeline.backwards / timeline.optimizer_steps / models) if timeline.optimizer_steps else 1.0
+        index = observed.device_index
+        device = torch.device(device_of(observed)) if index is None else torch.device(device_of(observed), index)
+        threads = torch.get_num_threads()  # the script's, now
+        counts = {available_cpus()} | wanted_threads()
+        tried, skipped = candidates(device=device, autocast=tuple(sorted(observed.autocast)),
+                                    parameter_dtypes=observed.parameter_dtypes,
+                                    bf16_native=bf16_native(device.type, observed.device_index),
+                                    nchw_convs=0 if observed.input_layout == "channels_last" else
+                                    observed.conv_weights - observed.conv_weights_channels_last
+                                    - observed.conv_weights_ambiguous,
+                                    threads=threads, thread_counts=tuple(sorted(counts)),
+                                    channels_last_in_use=observed.input_layout == "channels_last"
+                                    or observed.conv_weights_channels_last > 0)
+        instrumentation.paused = True
+        try:
+            with torch_settings():  # (a candidate's thread count is put back)
+                trials = run_trials(calls, tried, base_autocast=tuple(observed.autocast),
+                                    budget_s=min(MAX_PROBE_S, BUDGET_SHARE * left), replays=replays)
+        finally:
+            instrumentation.paused = False
+            instrumentation.doctor_time(time.perf_counter() - started, "probe")
+        trials.trials = skipped | trials.trials
+        instrumentation.observed.trials = trials
+    return on_phase_end

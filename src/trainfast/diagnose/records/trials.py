@@ -1,0 +1,88 @@
+"""The candidate fixes timed on the script's own model (capture/probe.py): each one's trial against the base, or why it was not measured."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainfast.margin import FASTER
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One candidate against the base, or why it was not measured (`factor` None)."""
+
+    id: str  # the recommendation it measures: "amp", "channels_last", "threads"
+    setting: str  # what was tried, in words: "bfloat16 autocast", "1 intra-op thread(s)"
+    factor: float | None = None  # base time / candidate time, median of the rounds (> 1: the candidate is faster)
+    low: float | None = None  # the slowest and fastest round's factor
+    high: float | None = None
+    rounds: int = 0
+    faster_rounds: int = 0
+    base_s: float | None = None  # median replay time as the script ran
+    reason: str | None = None  # why not measured
+    value: Any = None  # the setting itself (a dtype name, a thread count)
+    applies: bool = True  # False: the fix cannot apply to this run (autocast on float64): it is not offered
+    failed: bool = False  # the doctor's own preparation or replay of it failed (`reason` says which and how)
+    replays: float = 1.0  # forward + backward passes of the models per training step (gradient accumulation: 2+)
+
+    @classmethod
+    def of_rounds(cls, id: str, setting: str, ratios: list[float], bases: list[float], value: Any) -> Trial:
+        """A candidate measured: `ratios` the rounds' base / candidate times, `bases` the base's times."""
+        return cls(id, setting, factor=statistics.median(ratios), low=min(ratios), high=max(ratios),
+                   rounds=len(ratios), faster_rounds=sum(r > 1 for r in ratios), base_s=statistics.median(bases),
+                   value=value)
+
+    @property
+    def measured(self) -> bool:
+        return self.factor is not None
+
+    @property
+    def faster(self) -> bool:
+        return self.factor is not None and self.factor >= FASTER and 2 * self.faster_rounds > self.rounds
+
+    def gain(self, compute_share: float, compute_s: float) -> float | None:
+        """The whole step's gain (Amdahl) when the replayed part of its compute runs `factor` times faster: the
+        step's `replays` passes cover `replays * base_s` of its `compute_s` of compute, which is `compute_share` of
+        the step."""
+        if self.factor is None or self.base_s is None or compute_s <= 0:
+            return None
+        part = compute_share * min(1.0, self.replays * self.base_s / compute_s)
+        return 1.0 / (1.0 - part + part / self.factor)
+
+    def spread(self) -> str:
+        return f"{self.low:.2f}-{self.high:.2f}x over {self.rounds} rounds" if self.low is not None else ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "setting": self.setting, "factor": self.factor, "low": self.low, "high": self.high,
+                "rounds": self.rounds, "faster_rounds": self.faster_rounds, "base_s": self.base_s,
+                "reason": self.reason, "applies": self.applies, "failed": self.failed, "replays": self.replays}
+
+
+@dataclass
+class Trials:
+    """What the probe measured, and what it could not."""
+
+    trials: dict[str, Trial] = field(default_factory=dict)
+    model: str | None = None  # the model replayed (its class)
+    seconds: float = 0.0  # the probe's own time
+    reason: str | None = None  # why no replay at all
+    in_place: bool = False  # the models could not be copied and were replayed in place (module doc)
+
+    def get(self, key: str) -> Trial | None:
+        """The trial of "amp", "fp32", "channels_last", "contiguous" or "threads:N"."""
+        return self.trials.get(key)
+
+    def thread_probe(self) -> tuple[int, float] | None:
+        """(threads, slowdown) of the fewest-threads count measured, for the loader fix that proposes it."""
+        measured = [(int(t.value), t.factor) for key, t in self.trials.items()
+                    if key.startswith("threads:") and t.factor]
+        fewest = min(measured, default=None)
+        return (fewest[0], 1 / fewest[1]) if fewest is not None else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "seconds": self.seconds, "reason": self.reason, "in_place": self.in_place,
+                "covers": "one forward and backward of each model on its first training input (the gradient of the "
+                          "outputs' mean stands in for the loss; the optimizer step is not in it)",
+                "trials": [t.to_json() for t in self.trials.values()]}

@@ -1,0 +1,240 @@
+"""The doctor's report in the terminal: the verdict, the step's split, the loaders, the fixes and the notes."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from trainfast.diagnose.records.findings import Recommendation, Verdict
+from trainfast.diagnose.records.steps import Fractions, LoaderStats, StepRecord
+from trainfast.diagnose.report.job import PHASE_WORDS, STRAGGLER_SHARE, _ms, job_collectives
+from trainfast.diagnose.report.report import Report
+from trainfast.diagnose.show.text import compute_line, lost_progress_line, oom_headline, oom_paragraph
+from trainfast.diagnose.verdict import no_verdict_reason
+
+VERDICT_STYLE = {"input-bound": "bold red", "transfer-bound": "bold red", "host-bound": "bold yellow",
+                 "communication-bound": "bold magenta", "compute-bound": "bold green", "balanced": "bold cyan"}
+
+
+class Shown(Protocol):
+    """What of a `Report` the terminal shows (report.py's `Report.render` calls `render_terminal` with itself)."""
+
+    script: dict[str, Any]
+    oom: dict[str, Any] | None
+    verdict: Verdict | None
+    fractions: Fractions | None
+    seen: dict[str, int]
+    warmup_steps: int
+    samples_per_s: float | None
+    step_spread: dict[str, float] | None
+    step_signal: str | None
+    steps: list[StepRecord]
+    compute: dict[str, Any] | None
+    loaders: list[LoaderStats]
+    recommendations: list[Recommendation]
+    verify: dict[str, Any] | None
+    env: dict[str, Any]
+    notes: list[str]
+    whole_run: dict[str, Any] | None
+    ranks: list[dict[str, Any]] | None
+
+
+def render_terminal(report: Shown, console: Console | None = None) -> None:
+    """`report` on `console` (a new one by default)."""
+    console = console or Console()
+    title = "trainfast doctor" + (f" — {report.script['target']}" if report.script.get("target") else "")
+    console.rule(title)
+    if report.script.get("outcome"):
+        console.print(f"run: {escape(str(report.script['outcome']))}")  # the script's error text: not markup
+    if report.oom:
+        console.print(f"[bold red]{escape(oom_headline(report.oom))}[/]: "
+                      f"{escape(oom_paragraph(report.oom, headline=False))}")
+    if report.verdict is None or report.fractions is None:
+        console.print(f"[bold]verdict: n/a[/] — {no_verdict_reason(report.seen, report.warmup_steps)}")
+    else:
+        style = VERDICT_STYLE.get(report.verdict.name, "bold")
+        console.print(f"verdict: [{style}]{report.verdict.name.upper()}[/] — {report.verdict.reason}")
+        rate = f"{report.samples_per_s:,.0f} samples/s, " if report.samples_per_s else ""
+        spread = report.step_spread or {}
+        steps_by = {"optimizer": "a step = one iteration's optimizer step(s)",
+                    "backward": "a step = one iteration's backward pass(es), no optimizer seen",
+                    "explicit": "steps ended by the caller"}.get(report.step_signal or "", "")
+        console.print(f"measured {len(report.steps)} steps after {report.warmup_steps} warm-up ({steps_by}): {rate}"
+                      f"step p10/p50/p90 {1e3 * spread.get('p10', 0):.1f}/{1e3 * spread.get('p50', 0):.1f}/"
+                      f"{1e3 * spread.get('p90', 0):.1f} ms")
+        console.print(_split_bar(report.fractions))
+        if report.compute:
+            console.print(escape(compute_line(report.compute)))
+    if report.whole_run is not None:
+        render_whole_run(report.whole_run, console)
+    if report.loaders:
+        table = Table(title="loaders", title_justify="left")
+        for column in ("#", "kind", "dataset", "workers", "pin", "persistent", "prefetch", "batches", "wait"):
+            table.add_column(column)
+        for s in report.loaders:
+            table.add_row(str(s.index), s.kind, s.dataset, str(s.num_workers), str(s.pin_memory),
+                          str(s.persistent_workers), str(s.prefetch_factor), str(s.batches), f"{s.wait_s:.2f} s")
+        console.print(table)
+    if report.recommendations:
+        verified = report.verify is not None
+        whole = report.whole_run is not None
+        title = ("fixes, verified gains first" if verified else "fixes, measured gains first, then estimates")
+        if whole:
+            title = "fixes for the whole run, ranked by their gain on its wall time"
+        table = Table(title=title, title_justify="left", show_lines=True)
+        for column in ("id", *(("run gain",) if whole else ()), "expected", *(("verified",) if verified else ()),
+                       "fix"):
+            table.add_column(column, overflow="fold")
+        for r in report.recommendations:
+            basis = "measured" if r.gain_basis != "estimate" else "estimate"  # (verified: its own column)
+            expected = f"{r.expected_gain:.2f}x\n{basis}" if r.expected_gain else f"?\n{basis}"
+            run = (f"{r.run_gain:.2f}x" if r.run_gain else "-",) if whole else ()
+            measured = (f"{r.measured_gain:.2f}x" if r.measured_gain is not None else "-",) if verified else ()
+            estimate = f"\nan estimate: {r.basis_reason}" if r.gain_basis == "estimate" and r.basis_reason else ""
+            fix = f"\nfix: [cyan]{escape(r.fix)}[/]" if r.fix else ""
+            table.add_row(r.id, *run, expected, *measured, f"[bold]{r.title}[/]\nwhy: {r.why}{estimate}{fix}")
+        console.print(table)
+    elif report.verdict is not None:
+        console.print("no fix to recommend from what was measured")
+    for check in report.env.get("checks", []):
+        if check.get("status") in ("warn", "fail"):
+            console.print(f"[yellow]{check['status']}[/] {check['name']}: {escape(str(check['detail']))} — "
+                          f"{escape(str(check.get('fix', '')))}")
+    for note in report.notes:
+        console.print(f"note: {escape(note)}")
+    if report.ranks is not None:  # a torchrun job's report
+        render_ranks(report, console)  # type: ignore[arg-type]
+
+
+PHASE_STYLE = {"startup": "blue", "compile": "magenta", "train": "green", "evaluation": "cyan",
+               "checkpoint": "yellow", "epoch_start": "red", "other": "white"}
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def render_whole_run(whole: dict[str, Any], console: Console) -> None:
+    """The `whole_run` entry: the phases with their seconds and shares, the train split, throughput over time and
+    drift, what evaluation and the checkpoint writes were."""
+    doctor = f" (the doctor's own {whole['doctor_s']:.1f} s left out)" if whole.get("doctor_s") else ""
+    console.print(f"[bold]whole run[/]: {whole['wall_s']:.1f} s{doctor} — goodput [bold]{whole['goodput']:.0%}[/] "
+                  "(the share of the wall time in training steps)")
+    table = Table(title_justify="left")
+    for column in ("phase", "seconds", "share", ""):
+        table.add_column(column)
+    for p in whole["phases"]:
+        color = PHASE_STYLE[p["phase"]]
+        table.add_row(p["phase"], f"{p['seconds']:.2f}", f"{p['share']:.1%}",
+                      f"[{color}]{'█' * round(40 * p['share'])}[/]")
+    console.print(table)
+    train = whole["train"]
+    if train["steps"]:
+        seconds = max(train["seconds"], 1e-9)
+        rate = f"{train['samples_per_s']:,.0f} samples/s over their own time; " if train["samples_per_s"] else ""
+        console.print(f"train: {train['steps']} steps, {rate}data wait {train['data_wait_s'] / seconds:.0%}, "
+                      f"transfer {train['transfer_s'] / seconds:.0%}, host {train['host_s'] / seconds:.0%}, "
+                      f"compute {train['compute_s'] / seconds:.0%}")
+    rates = [t["samples_per_s"] for t in whole["throughput"] if t["samples_per_s"]]
+    if rates:
+        low, high = min(rates), max(rates)
+        spark = "".join(SPARKS[min(7, int(8 * (r - low) / (high - low)))] if high > low else SPARKS[4] for r in rates)
+        console.print(f"throughput over time ({len(rates)} intervals): {spark}  {low:,.0f}-{high:,.0f} samples/s")
+    drift = whole["drift"]
+    style = "bold red" if drift.get("drifted") else "dim"
+    console.print(f"drift: [{style}]{escape(drift['reason'])}[/]")
+    other = whole["other"]
+    if other["logging_s"] or other["sleep_s"]:
+        console.print(f"other: printing/logging {other['logging_s']:.2f} s, sleeping {other['sleep_s']:.2f} s, host "
+                      f"work between phases {other['host_s']:.2f} s")
+    evaluation = whole["evaluation"]
+    if evaluation["passes"]:
+        precision = ("under autocast" if evaluation["autocast_forwards"] == evaluation["forwards"] else
+                     "in the model's own precision (no autocast)" if not evaluation["autocast_forwards"] else
+                     "partly under autocast")
+        console.print(f"evaluation: {evaluation['passes']} pass(es), {evaluation['forwards']} forward(s) {precision}, "
+                      f"data wait {evaluation['data_wait_s']:.2f} s")
+    checkpoint = whole["checkpoint"]
+    if checkpoint["count"]:
+        rate = (f", {checkpoint['bytes'] / 1e6 / checkpoint['seconds']:,.0f} MB/s" if checkpoint["bytes"]
+                and checkpoint["seconds"] > 0 else "")
+        console.print(f"checkpoint: {checkpoint['count']} write(s), {checkpoint['bytes'] / 1e6:,.1f} MB in "
+                      f"{checkpoint['seconds']:.2f} s{rate}; training blocked {checkpoint['blocking_s']:.2f} s")
+    lost = whole.get("lost_progress")
+    if lost:
+        console.print(f"[bold red]lost progress[/]: {escape(lost_progress_line(lost))}")
+
+
+def _split_bar(f: Fractions, width: int = 60) -> str:
+    parts = [("data wait", f.data_wait, "red"), ("transfer", f.transfer, "magenta"), ("host", f.host, "yellow"),
+             *((("rollout / host work between updates", f.collection, "blue"),) if f.collection else ()),
+             *((("communication", f.communication, "cyan"),) if f.communication else ()),
+             ("compute", f.compute, "green")]
+    bar = "".join(f"[{color}]{'█' * round(share * width)}[/]" for _, share, color in parts)
+    legend = "  ".join(f"[{color}]■[/] {name} {share:.0%}" for name, share, color in parts)
+    return f"{bar}\n{legend}"
+
+
+def render_ranks(report: Report, console: Console) -> None:
+    """The job's lines in the terminal: its samples/s over the ranks, a row per rank and the straggler."""
+    rows = report.ranks or []
+    if report.samples_per_s is not None:
+        console.print(f"job: {report.samples_per_s:,.0f} samples/s over {report.world_size} ranks (each rank trains "
+                      "its own batches: the sum of the ranks' rates)")
+    else:
+        console.print(f"job: samples/s over {report.world_size} ranks unknown (see the notes)")
+    # two-line headers: the table fits 80 columns
+    collectives = job_collectives(rows)
+    table = Table(title=f"ranks: each one's own split; its wait for the others in {collectives} is within its "
+                        "comm (exposed communication) or compute",
+                  title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  collapse_padding=True)
+    for column in ("rank", "samples\n/s", "step\np50", "data\nwait", "transfer", "host", "comm", "compute",
+                   "waiting\nfor ranks", "verdict\nalone"):
+        table.add_column(column, justify="left" if column in ("rank", "verdict\nalone") else "right", no_wrap=True)
+    for row in rows:
+        fractions = row.get("fractions") or {}
+        rate, step_s, waiting_s = row.get("samples_per_s"), row.get("step_s"), row.get("waiting_for_ranks_s")
+        table.add_row(str(row["rank"]), f"{rate:,.0f}" if rate is not None else "n/a",
+                      _ms(step_s) if step_s is not None else "n/a",
+                      *(_share(fractions.get(p, 0.0 if p == "communication" else None))
+                        for p in ("data_wait", "transfer", "host", "communication", "compute")),
+                      f"{_ms(waiting_s)} ({_share(row.get('waiting_for_ranks'))})" if waiting_s is not None else "n/a",
+                      escape(str(row.get("verdict") or "n/a").removesuffix("-bound").replace("communication", "comm")))
+    console.print(table)
+    timed = [row for row in rows if row.get("collectives")]
+    if timed:
+        each = ", ".join(f"rank {row['rank']} {_ms(float(row.get('communication_s') or 0.0))}" + (
+            f" of {_ms(float(row['communication_total_s']))} in all" if row.get("communication_total_s") is not None
+            else "") for row in timed)
+        console.print(f"communication: {collectives}; blocked in them per step (exposed): {each}")
+    if any(row.get("whole_run") for row in rows):
+        phases = ("startup", "compile", "train", "evaluation", "checkpoint", "epoch_start", "other")
+        whole = Table(title="ranks' whole runs: seconds in each phase", title_justify="left", box=box.SIMPLE_HEAD,
+                      show_edge=False, pad_edge=False, collapse_padding=True)
+        for column in ("rank", "wall", "goodput", *phases):
+            whole.add_column(column.replace("_", "\n"), justify="left" if column == "rank" else "right", no_wrap=True)
+        for row in rows:
+            run = row.get("whole_run")
+            if run:
+                whole.add_row(str(row["rank"]), f"{run['wall_s']:.1f}", _share(run["goodput"]),
+                              *(f"{run['phases'][p]:.1f}" for p in phases))
+        console.print(whole)
+    straggler = report.straggler
+    if straggler is None:
+        known = [row for row in rows if row.get("waiting_for_ranks") is not None]
+        if known:
+            console.print(f"straggler: none (no rank waits {STRAGGLER_SHARE:.0%} of a step or more for another)")
+        return
+    waits = [float(row["waiting_for_ranks_s"]) for row in rows if row["rank"] != straggler["rank"]]
+    console.print(f"[bold]straggler: rank {straggler['rank']}[/] — its {PHASE_WORDS[straggler['phase']]} "
+                  f"({_ms(straggler['seconds_per_step'])}/step, {straggler['share']:.0%} of its step) holds the job "
+                  f"back: the other rank(s) wait up to {_ms(max(waits))}/step for it in {collectives}")
+
+
+def _share(value: object) -> str:
+    return f"{value:.0%}" if isinstance(value, (int, float)) else "n/a"
+
