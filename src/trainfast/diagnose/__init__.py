@@ -1,6 +1,6 @@
 """The doctor: measure where a training step's time goes, give a verdict with numbers and ranked fixes."""
 
-from trainfast.diagnose.fixes.rank import recommend
+from trainfast.diagnose.fixes import recommend
 from trainfast.diagnose.records.findings import Recommendation, Verdict
 from trainfast.diagnose.records.steps import Fractions
 from trainfast.diagnose.report.report import Report

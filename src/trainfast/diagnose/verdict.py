@@ -14,7 +14,6 @@ On a CPU-only run the same verdicts apply, "compute" being the model step on the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from trainfast.diagnose.evidence.evidence import Evidence
 from trainfast.diagnose.records.findings import Verdict
@@ -154,12 +153,13 @@ def no_verdict_reason(seen: dict[str, int], warmup: int) -> str:
 NEAR_PEAK, FAR_BELOW_PEAK = 0.5, 0.2
 
 
-def with_peak(verdict: Verdict, compute: dict[str, Any] | None, device: str = "cuda",
+def with_peak(verdict: Verdict, compute: Mapping[str, object] | None, device: str = "cuda",
               precision_hint: bool = True) -> Verdict:
-    """A compute-bound verdict says how far from the peak the compute runs, which decides the fix. `precision_hint`
-    False: the report measured another precision no faster (or the run's own slower), so none is suggested."""
+    """A compute-bound verdict says how far from the peak the compute runs (`compute`: the report's entry), which
+    decides the fix. `precision_hint` False: the report measured another precision no faster (or the run's own
+    slower), so none is suggested."""
     mfu = compute.get("mfu") if compute else None
-    if verdict.name != "compute-bound" or mfu is None or compute is None:
+    if verdict.name != "compute-bound" or not isinstance(mfu, (int, float)) or compute is None:
         return verdict
     source = "a datasheet's" if str(compute["peak_source"]).startswith("table") else "a measured"
     where = f"model FLOPs utilisation {mfu:.0%} of {source} {compute['peak_precision']} peak"
@@ -183,3 +183,17 @@ def precision_may_pay(e: Evidence) -> bool:
     measured against float32: `fp32`) or where mixed precision was measured no faster or cannot apply."""
     trial = e.trials.get("amp") if e.trials is not None else None
     return not e.autocast and not (trial is not None and (not trial.applies or (trial.measured and not trial.faster)))
+
+
+def verdict_of(e: Evidence) -> Verdict | None:
+    """The verdict with its qualifiers, from the evidence alone (None when no step was measured): the limiting part
+    (`classify`), how far from the peak a compute-bound step runs (`with_peak`), and how an input-bound step's loader
+    workers spent their time (workers.py)."""
+    if not e.steps:
+        return None
+    verdict = classify(e.fractions, device=e.device, gpu_util=e.gpu_util, loader_headroom=e.loader_headroom,
+                       intervals=e.intervals, loader_fed=e.input_source != "script")
+    verdict = with_peak(verdict, e.compute, e.device, precision_hint=precision_may_pay(e))
+    if verdict.name == "input-bound" and e.workers is not None and e.input_source != "script":
+        verdict = Verdict(verdict.name, f"{verdict.reason}; {e.workers.phrase()}")
+    return verdict

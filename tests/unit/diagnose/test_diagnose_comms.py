@@ -10,9 +10,11 @@ import pytest
 
 from trainfast.diagnose.capture.comms import CommTotals, KindStats
 from trainfast.diagnose.capture.timeline import Timeline
-from trainfast.diagnose.evidence.comms import collective_words
+from trainfast.diagnose.evidence.comms import Collectives, collective_words
 from trainfast.diagnose.evidence.evidence import Evidence
-from trainfast.diagnose.fixes.collectives import COMM_HIDDEN, communication
+from trainfast.diagnose.fixes import RULES
+from trainfast.diagnose.fixes.collectives import COMM_HIDDEN
+from trainfast.diagnose.records.findings import Recommendation
 from trainfast.diagnose.records.steps import Fractions, StepRecord
 from trainfast.diagnose.report.job import job_figures, rank_summary
 from trainfast.diagnose.report.report import Report
@@ -67,7 +69,14 @@ def test_the_totals_over_the_measured_window() -> None:
 
 def evidence(comm: float, collectives: dict[str, Any] | None) -> Evidence:
     return Evidence(verdict="communication-bound", device="cpu", fractions=fractions(comm), step_s=0.1, steps=10,
-                    samples_per_s=100.0, syncs_per_step=0.0, cpus=2, collectives=collectives)
+                    samples_per_s=100.0, syncs_per_step=0.0, cpus=2, collectives=Collectives.of(collectives))
+
+
+def communication(e: Evidence) -> Recommendation | None:
+    """The collectives' fix, whichever of its rules proposes it (one at most: they follow the wrapper)."""
+    found = [r for rule in RULES if rule.acts_on == "collectives" and (r := rule.propose(e)) is not None]
+    assert len(found) <= 1, found
+    return found[0] if found else None
 
 
 def test_the_fix_follows_the_wrapper_and_its_gain_is_amdahl_on_the_measured_share() -> None:

@@ -15,7 +15,7 @@ from trainfast.diagnose.capture.timeline import Timeline
 from trainfast.diagnose.evidence import noise
 from trainfast.diagnose.evidence.evidence import Evidence
 from trainfast.diagnose.evidence.periodic import epoch_cost, periodic_steps
-from trainfast.diagnose.fixes.rank import recommend
+from trainfast.diagnose.fixes import recommend
 from trainfast.diagnose.records.steps import Fractions, LoaderStats, StepRecord
 
 

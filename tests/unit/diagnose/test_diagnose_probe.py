@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -13,7 +14,10 @@ from torch import nn
 
 from trainfast.diagnose.capture import probe
 from trainfast.diagnose.capture.probe import MIN_ROUNDS, Candidate, candidates, run_trials, unwrap
-from trainfast.diagnose.records.trials import Trial
+from trainfast.diagnose.evidence.evidence import Evidence
+from trainfast.diagnose.fixes.rule import trials_wanted
+from trainfast.diagnose.records.steps import Fractions
+from trainfast.diagnose.records.trials import Trial, TrialRequest
 
 
 def model_and_input() -> tuple[nn.Module, tuple[tuple[torch.Tensor], dict[str, object]]]:
@@ -70,19 +74,26 @@ def test_the_budget_is_kept_and_a_candidate_that_does_not_fit_says_why() -> None
     assert trial is not None and not trial.measured and "did not fit" in (trial.reason or "")
 
 
+def wanted(**seen: Any) -> list[TrialRequest]:
+    """What the fixes want timed on a CPU run that saw `seen` (fixes/rule.py `trials_wanted`)."""
+    values: dict[str, Any] = dict(verdict="", device="cpu", fractions=Fractions.of(total_s=1.0, wait_s=0.0,
+                                                                                     transfer_s=0.0, host_s=0.0),
+                                  step_s=0.1, steps=10, samples_per_s=100.0, syncs_per_step=0.0, cpus=2, threads=2,
+                                  parameter_dtypes=frozenset({"float32"}))
+    return trials_wanted(Evidence(**(values | seen)))
+
+
 def test_what_cannot_apply_is_not_tried() -> None:
     cpu = torch.device("cpu")
-    tried, skipped = candidates(device=cpu, autocast=(), parameter_dtypes={"float64"}, bf16_native=True,
-                                nchw_convs=0, threads=2, thread_counts=(2,))
+    tried, skipped = candidates(wanted(parameter_dtypes=frozenset({"float64"}), bf16_supported=True), device=cpu,
+                                autocast=(), threads=2)
     assert tried == [] and not skipped["amp"].applies and "float64" in (skipped["amp"].reason or "")
-    tried, skipped = candidates(device=cpu, autocast=(), parameter_dtypes={"float32"}, bf16_native=False,
-                                nchw_convs=3, threads=2, thread_counts=(1, 2))
+    tried, skipped = candidates(wanted(conv_weights=3, cpus=1), device=cpu, autocast=(), threads=2)
     assert [c.key for c in tried] == ["channels_last", "threads:1"] and not skipped["amp"].applies
-    tried, _ = candidates(device=cpu, autocast=(("cpu", "bfloat16"),), parameter_dtypes={"float32"},
-                          bf16_native=True, nchw_convs=0, threads=1, thread_counts=(2,))
+    tried, _ = candidates(wanted(autocast=(("cpu", "bfloat16"),), bf16_supported=True, threads=1), device=cpu,
+                          autocast=(("cpu", "bfloat16"),), threads=1)
     assert [c.key for c in tried] == ["fp32", "threads:2"]  # the script's own precision is a candidate too
-    nhwc, _ = candidates(device=cpu, autocast=(), parameter_dtypes={"float32"}, bf16_native=False, nchw_convs=0,
-                         threads=1, thread_counts=(1,), channels_last_in_use=True)
+    nhwc, _ = candidates(wanted(input_layout="channels_last", cpus=1, threads=1), device=cpu, autocast=(), threads=1)
     assert [c.key for c in nhwc] == ["contiguous"]  # and its layout
     with tried[0].context(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
@@ -124,8 +135,7 @@ class RefusesChannelsLast(ConvNet):  # a task wrapper whose .to() does its own t
 
 def channels_last_and_threads() -> list[Candidate]:
     cpu = torch.device("cpu")
-    tried, _ = candidates(device=cpu, autocast=(), parameter_dtypes={"float32"}, bf16_native=False, nchw_convs=1,
-                          threads=torch.get_num_threads(), thread_counts=(1,))
+    tried, _ = candidates(wanted(conv_weights=1, cpus=1), device=cpu, autocast=(), threads=torch.get_num_threads())
     return tried
 
 

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from trainfast.diagnose.evidence.evidence import Evidence
-from trainfast.diagnose.fixes.notes import not_offered, why_no_input_fix
-from trainfast.diagnose.fixes.rank import recommend
+from trainfast.diagnose.fixes import recommend
+from trainfast.diagnose.fixes.notes import not_offered
+from trainfast.diagnose.fixes.notes import unaddressed_input as why_no_input_fix
 from trainfast.diagnose.records.findings import Verdict
 from trainfast.diagnose.records.steps import Fractions, LoaderStats
 from trainfast.diagnose.records.trials import Trial, Trials

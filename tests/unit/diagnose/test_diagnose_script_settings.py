@@ -11,7 +11,7 @@ import torch
 
 from trainfast.diagnose import run_doctor
 from trainfast.diagnose.evidence.evidence import Evidence
-from trainfast.diagnose.fixes.rank import recommend
+from trainfast.diagnose.fixes import recommend
 from trainfast.diagnose.records.steps import Fractions
 
 SCRIPT = textwrap.dedent("""

@@ -11,10 +11,10 @@ from test_diagnose_recommend import evidence, ids, loader
 
 from trainfast.diagnose.capture.worker_clock import WorkerClock
 from trainfast.diagnose.evidence.workers import WorkerTime, from_clock, from_loader, from_monitor, of_training
-from trainfast.diagnose.fixes.input import MAX_WAITING_WORKERS
-from trainfast.diagnose.fixes.notes import why_no_input_fix
-from trainfast.diagnose.fixes.rank import recommend
+from trainfast.diagnose.fixes import recommend
+from trainfast.diagnose.fixes.notes import unaddressed_input as why_no_input_fix
 from trainfast.diagnose.records.steps import Fractions
+from trainfast.loader.latency import MAX_THREADS as MAX_WAITING_WORKERS
 from trainfast.monitor import FakeSource, Monitor
 from trainfast.monitor.sources import PsutilSource
 

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import gzip
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
-
 from golden_record import GOLDEN, report_of
 
 CASES = sorted(p.name.removesuffix(".json.gz") for p in GOLDEN.glob("*.json.gz"))

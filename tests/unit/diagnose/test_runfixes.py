@@ -1,4 +1,4 @@
-"""Fixes for a whole run's time outside its steps (runfixes.py): ranked with the step fixes by their gain on the run."""
+"""Fixes for a whole run's time outside its steps (fixes/run.py): ranked with the step fixes by their gain on the run."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ from torch import nn
 
 from trainfast.diagnose.capture.ledger import Ledger
 from trainfast.diagnose.capture.whole_trials import eval_trial
-from trainfast.diagnose.fixes.run import amdahl, whole_run_fixes
+from trainfast.diagnose.evidence.evidence import Evidence
+from trainfast.diagnose.evidence.wholerun import run_evidence
+from trainfast.diagnose.fixes.notes import not_offered_on_the_run
+from trainfast.diagnose.fixes.run import amdahl, run_fixes
 from trainfast.diagnose.records.findings import Recommendation
 from trainfast.diagnose.records.ledger import EvalPass
-from trainfast.diagnose.records.steps import LoaderStats
+from trainfast.diagnose.records.steps import Fractions, LoaderStats
 from trainfast.diagnose.records.trials import Trial
 
 
@@ -25,6 +28,17 @@ def entry(**seconds: float) -> dict:
             "checkpoint": {"writes": [{"background": False, "bytes": 10**9} for _ in range(4)], "blocking_s":
                            phases["checkpoint"]},
             "epoch_start": {"seconds": [1.0, 1.0, 1.0, 1.0]}}
+
+
+def whole_run_fixes(whole: dict, step_fixes: list[Recommendation], *, trial: Trial | None,
+                    loaders: list[LoaderStats], step_wait_s: float | None,
+                    bandwidth: float | None) -> tuple[list[Recommendation], list[str]]:
+    """The whole run's fixes (fixes/run.py) and the notes on what was timed and not offered, from an entry."""
+    run = run_evidence(whole, loaders=loaders, trial=trial, bandwidth=bandwidth, step_wait_s=step_wait_s)
+    e = Evidence(verdict="balanced", device="cpu", fractions=Fractions.of(total_s=1.0, wait_s=0.0, transfer_s=0.0,
+                                                                          host_s=0.0), step_s=0.1, steps=10,
+                 samples_per_s=100.0, syncs_per_step=0.0, cpus=2, loaders=tuple(loaders), run=run)
+    return run_fixes(e, run, step_fixes), list(not_offered_on_the_run(e))
 
 
 def loader(persistent: bool = False) -> LoaderStats:

@@ -8,8 +8,8 @@ the gradient of the outputs' mean as a stand-in for the script's loss, is timed,
 candidate too: emulated bf16 runs several times slower than fp32), channels_last, or NCHW where the script trains in
 channels_last, another intra-op thread count. Base and candidate alternate, `ROUNDS` times after a warm-up each
 (oneDNN builds its bf16 and NHWC kernels on the first call), and the factor is the median of the rounds' base /
-candidate ratios, with their spread. A candidate is `faster` only when that median clears `margin.FASTER` (3 %) and most rounds
-agree: a 3 % edge on this shared 2-core machine is within the noise of a single pair.
+candidate ratios, with their spread. A candidate is `faster` only when that median clears `margin.FASTER` (3 %)
+and most rounds agree: a 3 % edge on this shared 2-core machine is within the noise of a single pair.
 
 What a replay covers: one forward and backward of each model; the loss, the optimizer step and anything else the
 step does are not in it. Where the replay is shorter than the step's measured compute, the factor applies only to
@@ -35,7 +35,7 @@ import dataclasses
 import functools
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
-from trainfast.diagnose.records.trials import Trial, Trials
+from trainfast.diagnose.records.trials import Trial, TrialRequest, Trials
 from trainfast.trainer.settings import torch_settings
 
 ROUNDS, MIN_ROUNDS, WARMUP_CALLS = 7, 3, 2
@@ -178,44 +178,36 @@ class _Restore:
             p.grad = grad
 
 
-def candidates(*, device: torch.device, autocast: tuple[tuple[str, str], ...], parameter_dtypes: set[str],
-               bf16_native: bool, nchw_convs: int, threads: int, thread_counts: tuple[int, ...],
-               channels_last_in_use: bool = False) -> tuple[list[Candidate], dict[str, Trial]]:
-    """The candidates worth timing for this run, and the trials that cannot apply (with why). The script's own
-    choices are candidates too: its autocast is timed against float32, its channels_last against NCHW."""
+def candidates(requests: Iterable[TrialRequest], *, device: torch.device, autocast: tuple[tuple[str, str], ...],
+               threads: int) -> tuple[list[Candidate], dict[str, Trial]]:
+    """The candidates the fixes asked for (fixes/rule.py `trials_wanted`), each once, in the order they are timed
+    (a precision, a layout, then thread counts, fewest first), and the trials that cannot apply (with why). The base
+    of each is the script's own autocast. A thread count is a candidate on the CPU only, and not the script's own
+    (`threads`, now)."""
     tried: list[Candidate] = []
     skipped: dict[str, Trial] = {}
-    script_dtype = next((dtype for kind, dtype in autocast if kind == device.type), None)
-    if script_dtype is not None:
-        tried.append(Candidate("fp32", f"float32 (the script's {script_dtype} autocast off)", "float32",
-                               lambda: torch.autocast(device.type, enabled=False)))
-    elif autocast:
-        pass  # autocast on another device than the model's: nothing here to time
-    elif parameter_dtypes and parameter_dtypes != {"float32"}:
-        skipped["amp"] = Trial("amp", "mixed precision", applies=False, reason=f"the model's parameters are "
-                               f"{', '.join(sorted(parameter_dtypes))}: autocast changes only float32 work")
-    elif device.type == "cuda" or (device.type == "cpu" and bf16_native):
-        dtype = torch.bfloat16 if bf16_native else torch.float16
-        name = str(dtype).replace("torch.", "")
-        tried.append(Candidate("amp", f"{name} autocast", name,
-                               lambda: torch.autocast(device.type, dtype=dtype)))
-    elif device.type == "cpu":
-        skipped["amp"] = Trial("amp", "mixed precision", applies=False,
-                               reason="bf16 is emulated here (no AMX or AVX512-BF16 that oneDNN may use): slower "
-                                      "than fp32")
     base_context = _script_autocast(device, autocast)
-    if nchw_convs:
-        tried.append(Candidate("channels_last", "channels_last", True, base_context,
-                               functools.partial(_in_layout, torch.channels_last)))
-    elif channels_last_in_use:
-        tried.append(Candidate("contiguous", "the NCHW layout (the script's channels_last off)", True, base_context,
-                               functools.partial(_in_layout, torch.contiguous_format)))
-    if device.type == "cpu":
-        for n in thread_counts:
-            if n != threads and n >= 1:
-                tried.append(Candidate("threads", f"{n} intra-op thread(s)", n, base_context,
-                                       setup=functools.partial(torch_settings, cpu_threads=n)))
+    unique = {r.key: r for r in requests}.values()
+    for r in sorted(unique, key=lambda r: (_ORDER.get(r.id, len(_ORDER)), r.value if r.id == "threads" else 0)):
+        if r.skip is not None:
+            skipped[r.key] = Trial(r.id, r.setting, applies=False, reason=r.skip)
+        elif r.id == "fp32":
+            tried.append(Candidate("fp32", r.setting, "float32",
+                                   functools.partial(torch.autocast, device.type, enabled=False)))
+        elif r.id == "amp":
+            tried.append(Candidate("amp", r.setting, r.value,
+                                   functools.partial(torch.autocast, device.type, dtype=getattr(torch, str(r.value)))))
+        elif r.id in ("channels_last", "contiguous"):
+            layout = torch.channels_last if r.id == "channels_last" else torch.contiguous_format
+            tried.append(Candidate(r.id, r.setting, True, base_context, functools.partial(_in_layout, layout)))
+        elif r.id == "threads" and device.type == "cpu" and isinstance(r.value, int) and r.value >= 1 \
+                and r.value != threads:
+            tried.append(Candidate("threads", r.setting, r.value, base_context,
+                                   setup=functools.partial(torch_settings, cpu_threads=r.value)))
     return tried, skipped
+
+
+_ORDER = {"fp32": 0, "amp": 0, "channels_last": 1, "contiguous": 1, "threads": 2}
 
 
 def _script_autocast(device: torch.device, autocast: tuple[tuple[str, str], ...]

@@ -4,17 +4,16 @@ model (probe.py), with the thread counts a loader fix would leave the model, and
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 
 from trainfast.diagnose.capture.instrument import Instrumentation
 from trainfast.diagnose.capture.probe import BUDGET_SHARE, MAX_PROBE_S, candidates, run_trials, unwrap
-from trainfast.diagnose.capture.snapshot import bf16_native, device_of
+from trainfast.diagnose.capture.snapshot import device_of
 from trainfast.diagnose.capture.timeline import MEASURE, Timeline
-from trainfast.diagnose.records.trials import Trials
+from trainfast.diagnose.records.trials import TrialRequest, Trials
 from trainfast.flops import FlopCounter
-from trainfast.host import available_cpus
 from trainfast.trainer.settings import torch_settings
 
 # One step after the measured ones, its FLOPs counted (FlopCounterMode slows it: it is not among the measured)
@@ -22,8 +21,9 @@ FLOPS_PHASE = "flops"
 
 
 def gain_probe(timeline: Timeline, instrumentation: Instrumentation,
-               wanted_threads: Callable[[], set[int]] = set) -> Callable[[str], None]:
-    """A `Timeline.on_phase_end`: when the measured steps end, time the candidate fixes on the script's own model
+               wanted: Callable[[], Iterable[TrialRequest]] = tuple) -> Callable[[str], None]:
+    """A `Timeline.on_phase_end`: when the measured steps end, time the candidate fixes (`wanted`: what the fixes
+    ask for, from the evidence so far) on the script's own model
     and first training input (probe.py), within `BUDGET_SHARE` of the budget left (the timeline's deadline) and
     `MAX_PROBE_S` (the time is the doctor's, not the script's: `Timeline.pause`); then count the FLOPs of the next
     step, whole, as the script runs it. Not for a compiled model: it would recompile under the counting mode. Every
@@ -56,17 +56,8 @@ def gain_probe(timeline: Timeline, instrumentation: Instrumentation,
         replays = max(1.0, timeline.backwards / timeline.optimizer_steps / models) if timeline.optimizer_steps else 1.0
         index = observed.device_index
         device = torch.device(device_of(observed)) if index is None else torch.device(device_of(observed), index)
-        threads = torch.get_num_threads()  # the script's, now
-        counts = {available_cpus()} | wanted_threads()
-        tried, skipped = candidates(device=device, autocast=tuple(sorted(observed.autocast)),
-                                    parameter_dtypes=observed.parameter_dtypes,
-                                    bf16_native=bf16_native(device.type, observed.device_index),
-                                    nchw_convs=0 if observed.input_layout == "channels_last" else
-                                    observed.conv_weights - observed.conv_weights_channels_last
-                                    - observed.conv_weights_ambiguous,
-                                    threads=threads, thread_counts=tuple(sorted(counts)),
-                                    channels_last_in_use=observed.input_layout == "channels_last"
-                                    or observed.conv_weights_channels_last > 0)
+        tried, skipped = candidates(wanted(), device=device, autocast=tuple(sorted(observed.autocast)),
+                                    threads=torch.get_num_threads())  # (the script's thread count, now)
         instrumentation.paused = True
         try:
             with torch_settings():  # (a candidate's thread count is put back)

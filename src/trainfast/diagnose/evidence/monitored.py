@@ -6,18 +6,20 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from trainfast.diagnose.capture.timeline import Timeline
-from trainfast.monitor import Monitor, sustained_growth_per_minute
+from trainfast.diagnose.records.capture import TimelineRecord
+from trainfast.monitor import sustained_growth_per_minute
 from trainfast.monitor.analysis import window_mean
+from trainfast.monitor.series import Series
 
 
-def since_start(monitor: Monitor | None, monotonic: float | None) -> float | None:
+def since_start(monitor: Series | None, monotonic: float | None) -> float | None:
     """A `time.monotonic()` instant on the monitor's series clock (seconds since it started)."""
     started = monitor.started_at if monitor is not None else None
     return None if monotonic is None or started is None else monotonic - started
 
 
-def gpu_util(monitor: Monitor | None, timeline: Timeline, model_index: int | None) -> tuple[float | None, list[str]]:
+def gpu_util(monitor: Series | None, timeline: TimelineRecord,
+             model_index: int | None) -> tuple[float | None, list[str]]:
     """Mean NVML utilisation (%) of the GPUs this process uses, over the measured steps only, and their NVML names.
 
     Another GPU of the node, busy or idle, says nothing about this run, nor does the start-up before the
@@ -44,7 +46,7 @@ def gpu_util(monitor: Monitor | None, timeline: Timeline, model_index: int | Non
     return (statistics.fmean(known) if known else None), names
 
 
-def worker_private_growth(monitor: Monitor | None, measuring_from: float | None) -> float | None:
+def worker_private_growth(monitor: Series | None, measuring_from: float | None) -> float | None:
     """Sustained growth (bytes/min) of the warm workers' private memory while measuring: copy-on-read. Not their
     RSS, which copied pages leave unchanged and restarted workers step up (see monitor.sources.PsutilSource)."""
     since = since_start(monitor, measuring_from)
@@ -58,7 +60,7 @@ def worker_private_growth(monitor: Monitor | None, measuring_from: float | None)
                                        started=[started[t] for t in times])
 
 
-def monitor_json(monitor: Monitor | None) -> dict[str, Any]:
+def monitor_json(monitor: Series | None) -> dict[str, Any]:
     """The report's "monitor" entry: the summaries, the series the HTML page draws, what could not be sampled."""
     if monitor is None:
         return {}

@@ -12,8 +12,9 @@ import psutil
 
 from trainfast.diagnose.evidence.monitored import since_start
 from trainfast.diagnose.evidence.periodic import Periodic
+from trainfast.diagnose.records.findings import Note
 from trainfast.diagnose.records.steps import StepRecord
-from trainfast.monitor import Monitor, percentile
+from trainfast.monitor import percentile
 from trainfast.monitor.series import Series
 
 # A spread this wide (p90 over p50) makes per-step figures unreliable: other load, or uneven steps.
@@ -42,7 +43,7 @@ def spread(records: list[StepRecord]) -> dict[str, float] | None:
     return {"p10": percentile(seconds, 10), "p50": percentile(seconds, 50), "p90": percentile(seconds, 90)}
 
 
-def contention(monitor: Monitor | Series | None, measuring_from: float | None,
+def contention(monitor: Series | None, measuring_from: float | None,
                cores_fallback: int | None = None) -> dict[str, Any] | None:
     """Cores other processes kept busy while measuring: all CPUs' busy time less this process and its workers
     (whose own use, over the same samples, is `own_cores_busy_mean`: a job's other ranks take it off theirs)."""
@@ -64,7 +65,7 @@ def contention(monitor: Monitor | Series | None, measuring_from: float | None,
 
 def noise_notes(spread: dict[str, float] | None, contention: dict[str, Any] | None, *,
                 waiting_workers: bool = False, periodic: Periodic | None = None, restarted_workers: int = 0
-                ) -> list[str]:
+                ) -> list[Note]:
     """The spread and contention notes. `waiting_workers`: the loop waits on loader workers that wait on reads;
     batches then arrive as the reads finish, a few at once, and steps alternate short and long by design.
     `periodic`: steps slow at a period (periodic.py), named first; the spread of the other steps decides whether
@@ -100,7 +101,7 @@ def noise_notes(spread: dict[str, float] | None, contention: dict[str, Any] | No
                else "other processes")
         notes.append(f"{who} kept {contention['other_cores_busy_mean']:.1f} of {contention['cores']} "
                      "cores busy while measuring: the script's figures include that contention")
-    return notes
+    return [Note(n, "noise") for n in notes]
 
 
 def _periodic_note(periodic: Periodic, restarted_workers: int) -> str:

@@ -16,10 +16,14 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from trainfast.diagnose.capture.ledger import Ledger
+from trainfast.diagnose.records.capture import Capture, LedgerRecord
 from trainfast.diagnose.records.ledger import CHECKPOINT, DOCTOR, EPOCH_START, EVALUATION, LOGGING, SLEEP, Write
+from trainfast.diagnose.records.steps import LoaderStats
+from trainfast.diagnose.records.trials import Trial
 
 PHASES = ("startup", "compile", "train", "evaluation", "checkpoint", "epoch_start", "other")
 
@@ -42,7 +46,7 @@ MIN_DRIFT = 0.05
 MIN_DRIFT_STEPS = 8
 
 
-def account(ledger: Ledger, *, end: float, compiled: bool, warmup: int) -> dict[str, Any]:
+def account(ledger: LedgerRecord, *, end: float, compiled: bool, warmup: int) -> dict[str, Any]:
     """The `whole_run` entry of the report (module doc). `end`: perf_counter time the script ended; `compiled`:
     torch.compile compiled frames in this run; `warmup`: the first steps that may hold compilation."""
     t0 = ledger.process_start
@@ -97,7 +101,7 @@ def account(ledger: Ledger, *, end: float, compiled: bool, warmup: int) -> dict[
     }
 
 
-def _intervals(ledger: Ledger, end: float) -> list[tuple[str, float, float]]:
+def _intervals(ledger: LedgerRecord, end: float) -> list[tuple[str, float, float]]:
     """Every carved interval: the ledger's own, each evaluation pass, each training epoch's start, and the host
     work in the input gap of a step that holds one of those (module doc)."""
     out = list(ledger.intervals)
@@ -155,13 +159,13 @@ class _Carved:
         return max(0.0, self._until(b) - self._until(a)) if b > a else 0.0
 
 
-def _train_s(ledger: Ledger, carved: _Carved, lo: int, hi: int) -> float:
+def _train_s(ledger: LedgerRecord, carved: _Carved, lo: int, hi: int) -> float:
     """The training seconds of steps lo..hi-1: their span less what was carved out of it."""
     start, end = ledger.step_start[lo], ledger.step_end[hi - 1]
     return (end - start) - carved.within(start, end)
 
 
-def _train_split(ledger: Ledger, carved: _Carved, lo: int, hi: int) -> dict[str, Any]:
+def _train_split(ledger: LedgerRecord, carved: _Carved, lo: int, hi: int) -> dict[str, Any]:
     """The doctor's split of steps lo..hi-1: data wait (an epoch's first batch is epoch start), copies, host (the
     input gap with a loader; without one the gap is input preparation, data wait) and compute, the rest."""
     if hi <= lo:
@@ -183,7 +187,7 @@ def _train_split(ledger: Ledger, carved: _Carved, lo: int, hi: int) -> dict[str,
             "compute_s": compute}
 
 
-def _compile_excess(ledger: Ledger, carved: _Carved, warmup: int) -> float:
+def _compile_excess(ledger: LedgerRecord, carved: _Carved, warmup: int) -> float:
     """torch.compile's share of the first steps: their excess over the median of the steps after them."""
     n = len(ledger.step_start)
     first = max(1, warmup)
@@ -193,7 +197,7 @@ def _compile_excess(ledger: Ledger, carved: _Carved, warmup: int) -> float:
     return sum(max(0.0, _train_s(ledger, carved, i, i + 1) - steady) for i in range(first))
 
 
-def _throughput(ledger: Ledger, carved: _Carved, t0: float) -> list[dict[str, Any]]:
+def _throughput(ledger: LedgerRecord, carved: _Carved, t0: float) -> list[dict[str, Any]]:
     """samples/s over consecutive runs of steps (at most `INTERVALS`), over their own training time (what an
     evaluation between them took is not theirs), with the step's split per step."""
     n = len(ledger.step_start)
@@ -214,7 +218,7 @@ def _throughput(ledger: Ledger, carved: _Carved, t0: float) -> list[dict[str, An
     return out
 
 
-def drift(ledger: Ledger, carved: _Carved, warmup: int) -> dict[str, Any]:
+def drift(ledger: LedgerRecord, carved: _Carved, warmup: int) -> dict[str, Any]:
     """The last quarter of the steady steps against the first: slower beyond the noise, and the part of the step
     that grew. The noise is the two quarters' own spread: twice the standard error of the difference of their
     median step (1.25 x the robust standard deviation over the square root of the steps), at least `MIN_DRIFT`."""
@@ -271,7 +275,7 @@ def _drift_reason(drifted: bool, change: float | None, threshold: float, part: s
             f"±{threshold:.0%}): {why}, +{growth * 1e3:.1f} ms a step")
 
 
-def _rate(ledger: Ledger, carved: _Carved, lo: int, hi: int) -> float | None:
+def _rate(ledger: LedgerRecord, carved: _Carved, lo: int, hi: int) -> float | None:
     if hi <= lo:
         return None
     seconds = _train_s(ledger, carved, lo, hi)
@@ -279,7 +283,7 @@ def _rate(ledger: Ledger, carved: _Carved, lo: int, hi: int) -> float | None:
     return samples / seconds if seconds > 0 and samples else None
 
 
-def _evaluation(ledger: Ledger, end: float) -> dict[str, Any]:
+def _evaluation(ledger: LedgerRecord, end: float) -> dict[str, Any]:
     passes = ledger.passes
     forwards = sum(p.forwards for p in passes)
     return {"passes": len(passes), "forwards": forwards, "data_wait_s": sum(p.wait_s for p in passes),
@@ -287,7 +291,7 @@ def _evaluation(ledger: Ledger, end: float) -> dict[str, Any]:
             "seconds": [round(min(p.end, end) - p.start, 6) for p in passes][:100]}
 
 
-def _checkpoints(ledger: Ledger, t0: float) -> dict[str, Any]:
+def _checkpoints(ledger: LedgerRecord, t0: float) -> dict[str, Any]:
     def entry(w: Write) -> dict[str, Any]:
         seconds = w.end - w.start
         return {"api": w.api, "at_s": w.start - t0, "seconds": seconds, "bytes": w.bytes,
@@ -298,3 +302,49 @@ def _checkpoints(ledger: Ledger, t0: float) -> dict[str, Any]:
     return {"writes": [entry(w) for w in ledger.writes], "count": int(totals["count"]),
             "bytes": int(totals["bytes"]), "seconds": totals["seconds"],
             "blocking_s": sum(w.end - w.start for w in blocking)}
+
+
+def whole_entry(capture: Capture) -> dict[str, Any] | None:
+    """The report's `whole_run` entry (`account`), with the evaluation's trial and the progress lost to restarts."""
+    whole = capture.whole
+    if whole is None:
+        return None
+    entry = account(whole.ledger, end=whole.end, compiled=whole.compiled, warmup=whole.warmup)
+    if whole.trial is not None:
+        entry["evaluation"]["trial"] = whole.trial.to_json()
+    entry["lost_progress"] = whole.lost_progress
+    return entry
+
+
+@dataclass(frozen=True)
+class RunEvidence:
+    """What the whole run's fixes read (fixes/run.py), from its accounting (`account`) and what was timed after it."""
+
+    entry: Mapping[str, object]  # the report's `whole_run` entry
+    wall_s: float
+    seconds: Mapping[str, float]  # each phase's
+    share: Mapping[str, float]  # of the wall time
+    evaluation_passes: int
+    evaluation_forwards: int
+    evaluation_wait_s: float
+    checkpoint_blocking_s: float
+    blocking_write_bytes: tuple[int | None, ...]  # each write that stopped training
+    restarts_s: tuple[float, ...]  # iter() to the first batch of each epoch after the first
+    training_loaders: tuple[LoaderStats, ...]  # those with worker processes
+    eval_trial: Trial | None  # evaluation under autocast + inference_mode against the script's
+    bandwidth: float | None  # bytes/s of a copy to host memory
+    step_wait_s: float | None  # the measured steps' median data wait
+
+
+def run_evidence(entry: Mapping[str, Any], *, loaders: Sequence[LoaderStats], trial: Trial | None,
+                 bandwidth: float | None, step_wait_s: float | None) -> RunEvidence:
+    evaluation, checkpoint = entry["evaluation"], entry["checkpoint"]
+    return RunEvidence(
+        entry=entry, wall_s=entry["wall_s"], seconds={p["phase"]: p["seconds"] for p in entry["phases"]},
+        share={p["phase"]: p["share"] for p in entry["phases"]}, evaluation_passes=evaluation["passes"],
+        evaluation_forwards=evaluation["forwards"], evaluation_wait_s=evaluation["data_wait_s"],
+        checkpoint_blocking_s=checkpoint["blocking_s"],
+        blocking_write_bytes=tuple(w["bytes"] for w in checkpoint["writes"] if not w["background"]),
+        restarts_s=tuple(entry["epoch_start"]["seconds"][1:]),
+        training_loaders=tuple(s for s in loaders if s.num_workers and s.batches > s.evaluation_batches),
+        eval_trial=trial, bandwidth=bandwidth, step_wait_s=step_wait_s)

@@ -18,7 +18,7 @@ from typing import Any
 from trainfast.diagnose.evidence.monitored import since_start
 from trainfast.diagnose.records.steps import LoaderStats, WorkerTotals, main_loader
 from trainfast.host import QUEUE_KNOWN
-from trainfast.monitor import Monitor
+from trainfast.monitor.series import Series
 
 # Workers busy on a core (or queued for one) less than half their time mostly wait: each needs at most half a
 # core, so more of them than cores still fit, and the time a batch takes is mostly latency to overlap.
@@ -67,7 +67,7 @@ class WorkerTime:
                 "batch_s": None if self.batch_s is None else round(self.batch_s, 6), "source": self.source}
 
 
-def of_training(loaders: Sequence[LoaderStats], monitor: Monitor | None, measuring_from: float | None,
+def of_training(loaders: Sequence[LoaderStats], monitor: Series | None, measuring_from: float | None,
                 measuring_until: float | None, clock: WorkerTotals | None = None) -> WorkerTime | None:
     """How the training loader's batches were made: by its threads or the main thread when the doctor saw them
     made; by worker processes as they timed their batches themselves (`clock`: over the measured window); else
@@ -92,7 +92,7 @@ def from_clock(clock: WorkerTotals, workers: int) -> WorkerTime:
                              + f" over wall time inside the {clock.batches} batch(es) they made while measuring")
 
 
-def from_monitor(monitor: Monitor | None, measuring_from: float | None, measuring_until: float | None
+def from_monitor(monitor: Series | None, measuring_from: float | None, measuring_until: float | None
                  ) -> WorkerTime | None:
     """The worker processes' shares over the measured window, from the monitor's samples (None: no worker
     process alive in enough samples, or no monitor)."""

@@ -1,4 +1,14 @@
-"""What the doctor concludes: the verdict and the fixes it proposes."""
+"""What the doctor concludes: the verdict, the fixes it proposes and the notes that qualify them.
+
+A fix's `expected_gain` is the throughput ratio after the fix (1.8 = 1.8x the samples/s); None where no honest figure
+exists. Its `gain_basis` says where it comes from:
+- "measured": every factor in it was timed in this run: the step's own split (data wait, host, startup), or the
+  candidate replayed on the script's own model and input (capture/probe.py: a precision, a layout, a thread count);
+- "verified": `--verify` re-ran the script with the fix (report/verify.py sets it);
+- "estimate": a factor from elsewhere (a named constant beside its rule, with its source), with `basis_reason` saying
+  why nothing was measured. An estimate never outranks a measurement (fixes/rule.py `rank`), and a candidate measured
+  no faster is not offered at all (fixes/notes.py says so in a note).
+"""
 
 from __future__ import annotations
 
@@ -26,7 +36,7 @@ class Recommendation:
     measured_gain: float | None = None  # samples/s with the fix / without it, both re-run (--verify)
     gain_basis: str = "estimate"  # "measured", "verified" or "estimate" (module doc)
     basis_reason: str | None = None  # an estimate's: why nothing was measured
-    # `doctor --whole-run`: the gain on the whole run's wall time (Amdahl on the phase's share: runfixes.py)
+    # `doctor --whole-run`: the gain on the whole run's wall time (Amdahl on the phase's share: fixes/run.py)
     run_gain: float | None = None
 
     def to_json(self) -> dict[str, object]:
@@ -36,3 +46,21 @@ class Recommendation:
                 "run_gain": None if self.run_gain is None else round(self.run_gain, 3),
                 "gain_basis": self.gain_basis, "gain_basis_reason": self.basis_reason,
                 "overrides": self.overrides}
+
+
+TOPICS = ("measurement", "noise", "fixes", "job")
+
+
+class Note(str):
+    """One of the report's notes, with what it is about (`topic`): "measurement" (what was measured, or left out of
+    the figures, and how), "noise" (how far the figures can be trusted), "fixes" (what was not offered, and why),
+    "job" (a torchrun job's ranks). A `str`, the text: the report's JSON lists the texts."""
+
+    topic: str
+
+    def __new__(cls, text: str, topic: str) -> Note:
+        if topic not in TOPICS:
+            raise ValueError(f"note topic {topic!r}: one of {', '.join(TOPICS)}")
+        note = super().__new__(cls, text)
+        note.topic = topic
+        return note

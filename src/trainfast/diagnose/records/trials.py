@@ -86,3 +86,20 @@ class Trials:
                 "covers": "one forward and backward of each model on its first training input (the gradient of the "
                           "outputs' mean stands in for the loss; the optimizer step is not in it)",
                 "trials": [t.to_json() for t in self.trials.values()]}
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    """A candidate a fix wants timed on the script's model (fixes/rule.py `Rule.trials`): "amp" (`value`: the
+    autocast dtype's name), "fp32" (the script's autocast off), "channels_last", "contiguous" (the script's
+    channels_last off), "threads" (`value`: the intra-op thread count). With `skip`, it cannot apply to this run:
+    recorded as such (`Trial.applies` False), not timed."""
+
+    id: str
+    setting: str  # in words: "bfloat16 autocast", "1 intra-op thread(s)"
+    value: str | int | bool | None
+    skip: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"threads:{self.value}" if self.id == "threads" else self.id

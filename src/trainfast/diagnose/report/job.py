@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from trainfast.diagnose.evidence.comms import collective_words
 from trainfast.diagnose.evidence.noise import noise_notes
-from trainfast.diagnose.records.findings import Recommendation, Verdict
+from trainfast.diagnose.records.findings import Note, Recommendation, Verdict
 from trainfast.diagnose.records.steps import Fractions
 from trainfast.diagnose.report.report import Report
 from trainfast.launch import launch_env
@@ -195,7 +195,8 @@ def merge(report: Report, summaries: Mapping[int, Mapping[str, Any]], *, world_s
         notes.append(changes.pop("note"))
     contention = _without_siblings(report, ordered, notes, host or socket.gethostname())
     return replace(report, samples_per_s=job_rate, world_size=world_size, ranks=rows, straggler=straggler,
-                   contention=contention, notes=notes, **changes)
+                   contention=contention, notes=[n if isinstance(n, Note) else Note(n, "job") for n in notes],
+                   **changes)
 
 
 def _straggler_figures(summary: Mapping[str, Any], straggler: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],

@@ -29,7 +29,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -47,15 +47,14 @@ from trainfast.diagnose.capture.script import (
     process_start,
     run_script,
 )
-from trainfast.diagnose.capture.snapshot import snapshot
+from trainfast.diagnose.capture.snapshot import ledger_record, snapshot
 from trainfast.diagnose.capture.stop import _RUNS, StoreStop, launched_ranks, rank_agreement
 from trainfast.diagnose.capture.timeline import MEASURE, Timeline
 from trainfast.diagnose.capture.whole_trials import WholeRun, copy_bandwidth, eval_trial
 from trainfast.diagnose.evidence.evidence import evidence_of
-from trainfast.diagnose.evidence.wholerun import account
-from trainfast.diagnose.fixes.input import num_workers
-from trainfast.diagnose.fixes.model import cpu_threads_beside_workers
-from trainfast.diagnose.fixes.run import MIN_SHARE
+from trainfast.diagnose.evidence.wholerun import account, run_evidence
+from trainfast.diagnose.fixes.rule import run_trials_wanted, trials_wanted
+from trainfast.diagnose.records.steps import LoaderStats
 from trainfast.diagnose.report.build import build
 from trainfast.diagnose.report.job import job_report
 from trainfast.diagnose.report.report import Report
@@ -161,7 +160,8 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
             script_benchmark = measured_benchmark[0] if measured_benchmark else torch.backends.cudnn.benchmark
         gc.collect()  # the unwound script's loaders (and their worker processes) go now, not at exit
     assert end is not None  # (run_script ends every way the script can)
-    whole = None if ledger is None else whole_run_entry(ledger, inst, end=end.ended, warmup=warmup)
+    whole = None if ledger is None else whole_run_entry(ledger, inst, end=end.ended, warmup=warmup,
+                                                         loaders=inst.loaders)
     if whole is not None:  # after torchrun restarted the job (capture/attempts.py)
         whole.lost = whole.entry["lost_progress"] = None if record is None else lost_progress(
             record.store, attempt=attempt_of(), run=run, started=record.ledger.process_start + record.to_unix)
@@ -219,35 +219,23 @@ def build_report(timeline: Timeline, instrumentation: Instrumentation, **what: A
 
 
 def probe_hook(timeline: Timeline, instrumentation: Instrumentation) -> Callable[[str], None]:
-    """The probe (capture/probe_hook.py), timing the thread counts the fixes would propose on the CPU."""
-    return gain_probe(timeline, instrumentation, lambda: _proposed_threads(timeline, instrumentation))
+    """The probe (capture/probe_hook.py), timing what the fixes want timed (fixes/rule.py `trials_wanted`), from the
+    evidence of the steps measured so far."""
+    return gain_probe(timeline, instrumentation,
+                      lambda: trials_wanted(evidence_of(snapshot(timeline, instrumentation, final=False))))
 
 
-def _proposed_threads(timeline: Timeline, instrumentation: Instrumentation) -> set[int]:
-    """The intra-op thread counts below the current one that a fix would propose on the CPU: the num_workers fix's,
-    and the cpu_threads fix's (the cores the loader's workers leave): timed, so that each fix cites its trial (and
-    cpu_threads is offered only where it measured faster)."""
-    if not timeline.records:
-        return set()
-    evidence = evidence_of(snapshot(timeline, instrumentation, final=False))
-    if evidence.device != "cpu":
-        return set()
-    fix = num_workers(evidence)
-    proposed = {int(t) for t in [(fix.overrides or {}).get("threads") if fix is not None else None,
-                                 cpu_threads_beside_workers(evidence)] if t is not None}
-    return {t for t in proposed if t < evidence.threads}
-
-
-def whole_run_entry(ledger: Ledger, instrumentation: Instrumentation, *, end: float, warmup: int) -> WholeRun:
-    """Account for the run that ended at `end` (perf_counter), then time what its fixes need (after the script: the
-    doctor's time, not the script's)."""
+def whole_run_entry(ledger: Ledger, instrumentation: Instrumentation, *, end: float, warmup: int,
+                    loaders: Sequence[LoaderStats] = ()) -> WholeRun:
+    """Account for the run that ended at `end` (perf_counter), then time what its fixes want (fixes/rule.py
+    `run_trials_wanted`; after the script: the doctor's time, not the script's)."""
     observed = instrumentation.observed
     compiled = observed.compiled_model or dynamo_counts().get("frames", 0) > observed.dynamo_at_start.get("frames", 0)
-    entry = account(ledger, end=end, compiled=compiled, warmup=warmup)
-    share = {p["phase"]: p["share"] for p in entry["phases"]}
-    trial = eval_trial(ledger, tuple(sorted(observed.autocast))) if share["evaluation"] >= MIN_SHARE else None
+    entry = account(ledger_record(ledger), end=end, compiled=compiled, warmup=warmup)
+    wanted = run_trials_wanted(run_evidence(entry, loaders=loaders, trial=None, bandwidth=None, step_wait_s=None))
+    trial = eval_trial(ledger, tuple(sorted(observed.autocast))) if "evaluation" in wanted else None
     if trial is not None:
         entry["evaluation"]["trial"] = trial.to_json()
     ledger.eval_call = None
-    bandwidth = copy_bandwidth() if entry["checkpoint"]["blocking_s"] > 0 else None
+    bandwidth = copy_bandwidth() if "copy" in wanted else None
     return WholeRun(entry, trial, bandwidth, ledger=ledger, end=end, compiled=compiled, warmup=warmup)
