@@ -17,8 +17,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from trainfast.diagnose.capture.inject import VALID_KEYS, apply_overrides
+from trainfast.diagnose.fixes.rule import rank as rank_verified
 from trainfast.diagnose.records.findings import Recommendation
-from trainfast.diagnose.report.verify import rank_verified, verify_fixes
+from trainfast.diagnose.report.verify import verify_fixes
 
 DATA = TensorDataset(torch.zeros(8, 2), torch.zeros(8))
 

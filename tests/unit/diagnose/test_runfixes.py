@@ -111,3 +111,21 @@ def test_eval_trial_times_the_scripts_own_model_and_batch_and_restores_its_mode(
     assert eval_trial(ledger, ()) is None
     ledger.passes[0].autocast_forwards = 3
     assert eval_trial(ledger, (("cpu", "bfloat16"),)) is None
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--eval_interval=250", "--eval_iters=200"], ": --eval_interval=500 (now 250), or --eval_iters=100 (now 200)"),
+    (["--do_eval", "--eval_steps", "500", "--lr", "3e-4"], ": --eval_steps 1000 (now 500)"),
+    (["--Eval-Every", "3", "--eval-batches", "1"], ": --Eval-Every 6 (now 3)"),  # one batch cannot be halved
+    (["data/", "--epochs", "3"], " (the script's own evaluation interval and batches per evaluation: its command line "
+                                 "names neither)"),
+])
+def test_evaluating_less_often_names_the_scripts_own_settings(args: list[str], says: str) -> None:
+    """Never another project's flags: the script's own, from its command line, doubled or halved."""
+    run = run_evidence(entry(evaluation=30), loaders=[], trial=None, bandwidth=None, step_wait_s=None)
+    e = Evidence(verdict="balanced", device="cpu", fractions=Fractions.of(total_s=1.0, wait_s=0.0, transfer_s=0.0,
+                                                                          host_s=0.0), step_s=0.1, steps=10,
+                 samples_per_s=100.0, syncs_per_step=0.0, cpus=2, run=run, script_args=tuple(args))
+    fix = next(r for r in run_fixes(e, run, []) if r.id == "eval_less_often")
+    assert fix.fix == f"evaluate every 2x as many steps, or on half the batches{says}"
+    assert "nanoGPT" not in fix.fix

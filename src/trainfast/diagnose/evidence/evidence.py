@@ -81,6 +81,7 @@ class Evidence:
     intervals: Mapping[str, tuple[float, float]] | None = None  # each part's share over the steps (noise.py)
     compute: Mapping[str, object] | None = None  # FLOPs, the peak and MFU (`compute_of`: the report's entry)
     run: RunEvidence | None = None  # a whole run's accounting (wholerun.py)
+    script_args: tuple[str, ...] = ()  # the script's command line, as it was run (its own settings, for the fixes)
 
     @property
     def conv_weights_nchw(self) -> int:
@@ -134,7 +135,7 @@ def evidence_of(capture: Capture) -> Evidence:
         periodic=periodic_steps(records, t.epoch_starts), epoch_cost=epoch_cost(records, t.epoch_starts),
         epoch_starts=t.epoch_starts, gpu_util=gpu_util, gpu_util_devices=tuple(gpu_util_devices),
         device_busy=device_busy, intervals=noise.intervals(list(records)), compute=compute_of(capture),
-        run=_run(capture, records))
+        run=_run(capture, records), script_args=tuple(str(a) for a in (capture.script or {}).get("args") or ()))
 
 
 def compute_of(capture: Capture) -> dict[str, Any] | None:

@@ -24,9 +24,7 @@ from trainfast.diagnose.records.capture import Capture, LedgerRecord
 from trainfast.diagnose.records.ledger import CHECKPOINT, DOCTOR, EPOCH_START, EVALUATION, LOGGING, SLEEP, Write
 from trainfast.diagnose.records.steps import LoaderStats
 from trainfast.diagnose.records.trials import Trial
-
-PHASES = ("startup", "compile", "train", "evaluation", "checkpoint", "epoch_start", "other")
-
+from trainfast.trainer.phases import PHASES  # (the Trainer's own account of a fit uses the same phases)
 
 BETWEEN = "between"  # host work in a step's input gap around an evaluation, a checkpoint or an epoch start
 

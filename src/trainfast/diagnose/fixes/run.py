@@ -77,7 +77,7 @@ class EvalLessOften(Rule):
             "eval_less_often", "Evaluate less often, or on fewer batches",
             f"evaluation took {run.share['evaluation']:.0%} of the run: {run.evaluation_passes} pass(es), "
             f"{run.evaluation_forwards} forward(s), {run.seconds['evaluation']:.1f} s",
-            "evaluate every 2x as many steps, or on half the batches (nanoGPT: eval_interval x2 or eval_iters / 2)",
+            f"evaluate every 2x as many steps, or on half the batches{_own_settings(e.script_args)}",
             _removed(run.share["evaluation"] / 2), gain_basis="estimate",
             run_gain=_removed(run.share["evaluation"] / 2),
             basis_reason="the measured share halved: how often to evaluate is the script's choice")
@@ -138,3 +138,30 @@ def run_fixes(e: Evidence, run: RunEvidence, step_fixes: Sequence[Recommendation
             found.append(proposed)
     named = {"compile", "startup"}
     return rank((r for r in found if r.run_gain is None or r.run_gain >= MIN_GAIN or r.id in named), by_run=True)
+
+
+# The evaluation settings a script's command line may name: how often it evaluates (in steps), and on how many
+# batches; matched on the option's name, dashes and case aside.
+EVAL_EVERY = frozenset({"eval_interval", "eval_every", "eval_steps", "eval_freq", "eval_frequency", "val_every",
+                        "val_check_interval", "evaluation_steps", "validate_every"})
+EVAL_BATCHES = frozenset({"eval_iters", "eval_batches", "val_batches", "limit_val_batches", "eval_samples"})
+
+
+def _own_settings(args: Sequence[str]) -> str:
+    """The script's own evaluation settings, as it was run, doubled (how often) or halved (how many batches): ":
+    --eval-every 40 (now 20), or --eval-batches 4 (now 8)"; where its command line names none, what to look for."""
+    found = []
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if not eq and i + 1 < len(args):
+            value = args[i + 1]
+        key = name.lstrip("-").replace("-", "_").lower()
+        if not name.startswith("-") or not value.isdigit() or key not in EVAL_EVERY | EVAL_BATCHES:
+            continue
+        now = int(value)
+        new = now * 2 if key in EVAL_EVERY else max(1, now // 2)
+        if new != now:  # (one batch cannot be halved)
+            found.append(f"{name}{eq or ' '}{new} (now {now})")
+    if not found:
+        return " (the script's own evaluation interval and batches per evaluation: its command line names neither)"
+    return ": " + ", or ".join(found)

@@ -97,10 +97,10 @@ class Report:
         }
 
     # the terminal view (show/terminal.py's), set by the package's face, trainfast/diagnose/__init__.py
-    renderer: ClassVar[Callable[[Report, Console | None], None] | None] = None
+    renderer: ClassVar[Callable[[dict[str, Any], Console | None], None] | None] = None
 
     def render(self, console: Console | None = None) -> None:
         """The report in the terminal (show/terminal.py), on `console` or a new one."""
         if Report.renderer is None:
             raise RuntimeError("no terminal renderer: import trainfast.diagnose, which sets show/terminal.py's")
-        Report.renderer(self, console)
+        Report.renderer(self.to_json(), console)

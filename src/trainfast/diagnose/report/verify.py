@@ -42,6 +42,7 @@ import torch
 from trainfast.atomic import as_write_failure, write_json
 from trainfast.diagnose.capture.inject import LOADER_KEYS, check_overrides
 from trainfast.diagnose.capture.stop import launched_ranks
+from trainfast.diagnose.fixes.rule import rank
 from trainfast.diagnose.records.findings import Recommendation
 from trainfast.diagnose.report.report import Report
 
@@ -56,19 +57,6 @@ OUTPUT_TAIL_CHARS = 4000
 
 
 BASELINE = "baseline"
-
-
-def rank_verified(recommendations: Sequence[Recommendation]) -> list[Recommendation]:
-    """The fixes verified to pay first, largest verified gain first; then the ones whose gain was measured in the
-    run, then the estimates (a measurement outranks an estimate), each by expected gain; then the fixes with no
-    figure; last the ones verified slower than the baseline (gain < 1), never first. Stable."""
-    def key(r: Recommendation) -> tuple[int, float]:
-        if r.measured_gain is not None:
-            return (0, -r.measured_gain) if r.measured_gain >= 1.0 else (4, -r.measured_gain)
-        if r.expected_gain is not None:
-            return (1 if r.gain_basis == "measured" else 2), -r.expected_gain
-        return 3, 0.0
-    return sorted(recommendations, key=key)
 
 
 def _child_env() -> dict[str, str]:
@@ -206,7 +194,7 @@ def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | Non
                  max_seconds: float | None = 300.0, repeats: int = 1, progress: Callable[[str], None] | None = None,
                  startup_margin_s: float = STARTUP_MARGIN_S) -> tuple[list[Recommendation], dict[str, Any]]:
     """Re-run `target` per fix with `overrides` (fresh processes, ABA with a baseline); return the
-    recommendations with `measured_gain` filled and ranked (`rank_verified`), and the record for `Report.verify`."""
+    recommendations with `measured_gain` filled and ranked (fixes/rule.py `rank`), and the record for `Report.verify`."""
     if repeats < 1:
         raise ValueError(f"repeats={repeats!r}: give 1 or more")
     refusal = torchrun_refusal(target, module=module)
@@ -231,7 +219,7 @@ def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | Non
     info["gains"] = gains
     if not fixes:
         info["note"] = "no fix could be injected into the script: nothing was re-run"
-        return rank_verified(recommendations), info
+        return rank(recommendations), info
 
     plan: list[tuple[str, dict[str, Any] | None]] = [(BASELINE, None), *((r.id, o) for r, o in fixes),
                                                      (BASELINE, None)]
@@ -286,7 +274,7 @@ def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | Non
     info["seconds"] = time.perf_counter() - started
     verified = [replace(r, measured_gain=measured[r.id], gain_basis="verified", basis_reason=None)
                 if r.overrides and r.id in measured else r for r in recommendations]
-    return rank_verified(verified), info
+    return rank(verified), info
 
 
 def verify_report(report: Report, target: str, *, module: bool = False, args: Sequence[str] | None = None,
@@ -319,4 +307,4 @@ def verify_report(report: Report, target: str, *, module: bool = False, args: Se
     for fix_id, gain in info["gains"].items():
         if gain["median"] is None:
             say(f"verify: {fix_id} not measured: {gain['error'] or 'no result'}")
-    return replace(report, recommendations=ranked, verify=info)
+    return replace(report, recommendations=rank(ranked, by_run=report.whole_run is not None), verify=info)

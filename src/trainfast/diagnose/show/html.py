@@ -24,6 +24,7 @@ from trainfast.diagnose.show.html_sections import (
     _timeline,
     _whole_run,
 )
+from trainfast.diagnose.show.look import NO_VERDICT, VERDICTS
 from trainfast.diagnose.show.svg import escape
 
 CSS = """
@@ -172,7 +173,7 @@ def _oom(report: dict[str, Any]) -> str:
 def _banner(report: dict[str, Any]) -> str:
     verdict = report.get("verdict")
     name = str(verdict) if verdict not in (None, "") else None
-    colour = VERDICT_COLOURS.get(name or "", NO_VERDICT_COLOUR)
+    colour = VERDICTS.get(name or "", NO_VERDICT)[1]
     reason = report.get("verdict_reason")
     reason_text = escape(reason) if reason not in (None, "") else ("no optimizer step was measured" if name is None
                                                                 else NA)
@@ -199,8 +200,5 @@ def _figures(report: dict[str, Any]) -> str:
         for label, value in figures) + "</div>"
 
 
-VERDICT_COLOURS = {"input-bound": "#c92a2a", "transfer-bound": "#a61e8c", "host-bound": "#c26a00",
-                   "communication-bound": "#0b7285", "compute-bound": "#2b8a3e", "balanced": "#1864ab"}
 
 
-NO_VERDICT_COLOUR = "#5c6370"

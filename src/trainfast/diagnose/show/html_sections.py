@@ -20,7 +20,10 @@ from trainfast.diagnose.show.html_read import (
     _table,
     _value,
 )
+from trainfast.diagnose.show.look import PARTS as LOOK_PARTS
+from trainfast.diagnose.show.look import PHASE_COLOURS as LOOK_PHASES
 from trainfast.diagnose.show.svg import escape, line_chart_svg, stacked_bars_svg
+from trainfast.diagnose.show.text import gain as gain_text
 from trainfast.diagnose.show.text import lost_progress_line
 from trainfast.units import MIB
 
@@ -31,16 +34,15 @@ MAX_POINTS = 600  # points per line-chart series at most
 
 
 # The four parts of a step, bottom to top in the timeline: (key in "fractions", key in a timeline step, label, colour)
-PARTS = (("data_wait", "wait_s", "data wait", "#e5484d"), ("transfer", "transfer_s", "transfer", "#c026d3"),
-         ("host", "host_s", "host", "#f59f00"), ("communication", "comm_s", "communication", "#0b7285"),
-         ("compute", "compute_s", "compute", "#2f9e44"))
+# the parts of a step the page shows, bottom to top in the timeline: (key in "fractions", key in a timeline step,
+# label, colour)
+PARTS = tuple((key, step, label, colour) for key, step, label, _, colour in LOOK_PARTS if colour is not None)
 
 
 SERIES_COLOURS = ("#1c7ed6", "#e8590c", "#7048e8", "#0ca678", "#d6336c", "#5c940d", "#364fc7", "#f08c00")
 
 
-PHASE_COLOURS = {"startup": "#1c7ed6", "compile": "#c026d3", "train": "#2f9e44", "evaluation": "#0ca678",
-                 "checkpoint": "#f59f00", "epoch_start": "#e5484d", "other": "#868e96"}
+PHASE_COLOURS = {phase: colour for phase, (_, colour) in LOOK_PHASES.items()}
 
 
 def _split(report: dict[str, Any]) -> str:
@@ -170,15 +172,15 @@ def _fixes(report: dict[str, Any]) -> str:
         gain = _num(rec.get("expected_gain"))
         basis = "estimate" if rec.get("gain_basis") == "estimate" else "measured"
         reason = f": {rec['gain_basis_reason']}" if basis == "estimate" and rec.get("gain_basis_reason") else ""
-        gain_html = (f'<div class="gain" title="expected speed-up, {basis}{escape(reason)}">{gain:.2f}x '
+        gain_html = (f'<div class="gain" title="expected speed-up, {basis}{escape(reason)}">{gain_text(gain)} '
                      f'<span class="muted">{basis}</span></div>' if gain is not None
                      else '<div class="gain unknown" title="expected speed-up unknown">?</div>')
         run_gain = _num(rec.get("run_gain"))
         if run_gain is not None:  # --whole-run: the gain on the run's wall time
-            gain_html += f'<div class="gain" title="gain on the whole run\'s wall time">run {run_gain:.2f}x</div>'
+            gain_html += f'<div class="gain" title="gain on the whole run\'s wall time">run {gain_text(run_gain)}</div>'
         measured = _num(rec.get("measured_gain"))
         if measured is not None:  # --verify re-ran the script with the fix
-            gain_html += f'<div class="gain" title="measured speed-up (--verify)">measured {measured:.2f}x</div>'
+            gain_html += f'<div class="gain" title="measured speed-up (--verify)">measured {gain_text(measured)}</div>'
         rid = f' <span class="muted">({escape(rec["id"])})</span>' if rec.get("id") not in (None, "") else ""
         items.append(f'<li><div class="rank">{rank}</div><div class="fix-title">{escape(rec.get("title") or NA)}{rid}'
                      f'</div>{gain_html}<div class="why">{escape(rec.get("why") or NA)}</div>'

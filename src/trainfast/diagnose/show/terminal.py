@@ -2,116 +2,94 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
 from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from trainfast.diagnose.records.findings import Recommendation, Verdict
-from trainfast.diagnose.records.steps import Fractions, LoaderStats, StepRecord
+from trainfast.diagnose.evidence.wholerun import PHASES
 from trainfast.diagnose.report.job import PHASE_WORDS, STRAGGLER_SHARE, _ms, job_collectives
-from trainfast.diagnose.report.report import Report
-from trainfast.diagnose.show.text import compute_line, lost_progress_line, oom_headline, oom_paragraph
-from trainfast.diagnose.verdict import no_verdict_reason
-
-VERDICT_STYLE = {"input-bound": "bold red", "transfer-bound": "bold red", "host-bound": "bold yellow",
-                 "communication-bound": "bold magenta", "compute-bound": "bold green", "balanced": "bold cyan"}
+from trainfast.diagnose.show.look import NO_VERDICT, PARTS, PHASE_COLOURS, VERDICTS
+from trainfast.diagnose.show.text import compute_line, gain, lost_progress_line, oom_headline, oom_paragraph
 
 
-class Shown(Protocol):
-    """What of a `Report` the terminal shows (report.py's `Report.render` calls `render_terminal` with itself)."""
-
-    script: dict[str, Any]
-    oom: dict[str, Any] | None
-    verdict: Verdict | None
-    fractions: Fractions | None
-    seen: dict[str, int]
-    warmup_steps: int
-    samples_per_s: float | None
-    step_spread: dict[str, float] | None
-    step_signal: str | None
-    steps: list[StepRecord]
-    compute: dict[str, Any] | None
-    loaders: list[LoaderStats]
-    recommendations: list[Recommendation]
-    verify: dict[str, Any] | None
-    env: dict[str, Any]
-    notes: list[str]
-    whole_run: dict[str, Any] | None
-    ranks: list[dict[str, Any]] | None
-
-
-def render_terminal(report: Shown, console: Console | None = None) -> None:
-    """`report` on `console` (a new one by default)."""
+def render_terminal(report: Mapping[str, Any], console: Console | None = None) -> None:
+    """The report (its JSON: `Report.to_json()`, the one representation the displays read) on `console` (a new one by
+    default)."""
     console = console or Console()
-    title = "trainfast doctor" + (f" — {report.script['target']}" if report.script.get("target") else "")
+    script = report.get("script") or {}
+    title = "trainfast doctor" + (f" — {script['target']}" if script.get("target") else "")
     console.rule(title)
-    if report.script.get("outcome"):
-        console.print(f"run: {escape(str(report.script['outcome']))}")  # the script's error text: not markup
-    if report.oom:
-        console.print(f"[bold red]{escape(oom_headline(report.oom))}[/]: "
-                      f"{escape(oom_paragraph(report.oom, headline=False))}")
-    if report.verdict is None or report.fractions is None:
-        console.print(f"[bold]verdict: n/a[/] — {no_verdict_reason(report.seen, report.warmup_steps)}")
+    if script.get("outcome"):
+        console.print(f"run: {escape(str(script['outcome']))}")  # the script's error text: not markup
+    if report.get("oom"):
+        console.print(f"[bold red]{escape(oom_headline(report['oom']))}[/]: "
+                      f"{escape(oom_paragraph(report['oom'], headline=False))}")
+    verdict, fractions = report.get("verdict"), report.get("fractions")
+    if verdict is None or fractions is None:
+        console.print(f"[bold]verdict: n/a[/] — {report.get('verdict_reason')}")
     else:
-        style = VERDICT_STYLE.get(report.verdict.name, "bold")
-        console.print(f"verdict: [{style}]{report.verdict.name.upper()}[/] — {report.verdict.reason}")
-        rate = f"{report.samples_per_s:,.0f} samples/s, " if report.samples_per_s else ""
-        spread = report.step_spread or {}
+        style = VERDICTS.get(verdict, NO_VERDICT)[0]
+        console.print(f"verdict: [{style}]{verdict.upper()}[/] — {report.get('verdict_reason')}")
+        rate = f"{report['samples_per_s']:,.0f} samples/s, " if report.get("samples_per_s") else ""
+        spread = report.get("step_s_percentiles") or {}
         steps_by = {"optimizer": "a step = one iteration's optimizer step(s)",
                     "backward": "a step = one iteration's backward pass(es), no optimizer seen",
-                    "explicit": "steps ended by the caller"}.get(report.step_signal or "", "")
-        console.print(f"measured {len(report.steps)} steps after {report.warmup_steps} warm-up ({steps_by}): {rate}"
-                      f"step p10/p50/p90 {1e3 * spread.get('p10', 0):.1f}/{1e3 * spread.get('p50', 0):.1f}/"
-                      f"{1e3 * spread.get('p90', 0):.1f} ms")
-        console.print(_split_bar(report.fractions))
-        if report.compute:
-            console.print(escape(compute_line(report.compute)))
-    if report.whole_run is not None:
-        render_whole_run(report.whole_run, console)
-    if report.loaders:
+                    "explicit": "steps ended by the caller"}.get(report.get("step_signal") or "", "")
+        console.print(f"measured {report.get('steps_measured')} steps after {report.get('warmup_steps')} warm-up "
+                      f"({steps_by}): {rate}step p10/p50/p90 {1e3 * spread.get('p10', 0):.1f}/"
+                      f"{1e3 * spread.get('p50', 0):.1f}/{1e3 * spread.get('p90', 0):.1f} ms")
+        console.print(_split_bar(fractions))
+        if report.get("compute"):
+            console.print(escape(compute_line(report["compute"])))
+    if report.get("whole_run") is not None:
+        render_whole_run(report["whole_run"], console)
+    if report.get("loaders"):
         table = Table(title="loaders", title_justify="left")
         for column in ("#", "kind", "dataset", "workers", "pin", "persistent", "prefetch", "batches", "wait"):
             table.add_column(column)
-        for s in report.loaders:
-            table.add_row(str(s.index), s.kind, s.dataset, str(s.num_workers), str(s.pin_memory),
-                          str(s.persistent_workers), str(s.prefetch_factor), str(s.batches), f"{s.wait_s:.2f} s")
+        for s in report["loaders"]:
+            table.add_row(str(s["index"]), s["kind"], s["dataset"], str(s["num_workers"]), str(s["pin_memory"]),
+                          str(s["persistent_workers"]), str(s["prefetch_factor"]), str(s["batches"]),
+                          f"{s['wait_s']:.2f} s")
         console.print(table)
-    if report.recommendations:
-        verified = report.verify is not None
-        whole = report.whole_run is not None
-        title = ("fixes, verified gains first" if verified else "fixes, measured gains first, then estimates")
-        if whole:
-            title = "fixes for the whole run, ranked by their gain on its wall time"
-        table = Table(title=title, title_justify="left", show_lines=True)
-        for column in ("id", *(("run gain",) if whole else ()), "expected", *(("verified",) if verified else ()),
-                       "fix"):
-            table.add_column(column, overflow="fold")
-        for r in report.recommendations:
-            basis = "measured" if r.gain_basis != "estimate" else "estimate"  # (verified: its own column)
-            expected = f"{r.expected_gain:.2f}x\n{basis}" if r.expected_gain else f"?\n{basis}"
-            run = (f"{r.run_gain:.2f}x" if r.run_gain else "-",) if whole else ()
-            measured = (f"{r.measured_gain:.2f}x" if r.measured_gain is not None else "-",) if verified else ()
-            estimate = f"\nan estimate: {r.basis_reason}" if r.gain_basis == "estimate" and r.basis_reason else ""
-            fix = f"\nfix: [cyan]{escape(r.fix)}[/]" if r.fix else ""
-            table.add_row(r.id, *run, expected, *measured, f"[bold]{r.title}[/]\nwhy: {r.why}{estimate}{fix}")
-        console.print(table)
-    elif report.verdict is not None:
+    if report.get("recommendations"):
+        console.print(_fixes(report))
+    elif verdict is not None:
         console.print("no fix to recommend from what was measured")
-    for check in report.env.get("checks", []):
+    for check in (report.get("env") or {}).get("checks", []):
         if check.get("status") in ("warn", "fail"):
             console.print(f"[yellow]{check['status']}[/] {check['name']}: {escape(str(check['detail']))} — "
                           f"{escape(str(check.get('fix', '')))}")
-    for note in report.notes:
+    for note in report.get("notes") or []:
         console.print(f"note: {escape(note)}")
-    if report.ranks is not None:  # a torchrun job's report
-        render_ranks(report, console)  # type: ignore[arg-type]
+    if report.get("ranks") is not None:  # a torchrun job's report
+        render_ranks(report, console)
 
 
-PHASE_STYLE = {"startup": "blue", "compile": "magenta", "train": "green", "evaluation": "cyan",
-               "checkpoint": "yellow", "epoch_start": "red", "other": "white"}
+def _fixes(report: Mapping[str, Any]) -> Table:
+    """The fixes, ranked: the gain on the step (its basis), on a whole run's wall time, and as verified."""
+    verified = report.get("verify") is not None
+    whole = report.get("whole_run") is not None
+    title = ("fixes, verified gains first" if verified else "fixes, measured gains first, then estimates")
+    if whole:
+        title = "fixes for the whole run, ranked by their gain on its wall time"
+    table = Table(title=title, title_justify="left", show_lines=True)
+    for column in ("id", *(("run gain",) if whole else ()), "expected", *(("verified",) if verified else ()), "fix"):
+        table.add_column(column, overflow="fold")
+    for r in report["recommendations"]:
+        basis = "measured" if r["gain_basis"] != "estimate" else "estimate"  # (verified: its own column)
+        expected = f"{gain(r['expected_gain'])}\n{basis}" if r["expected_gain"] else f"?\n{basis}"
+        run = (gain(r["run_gain"]) if r["run_gain"] else "-",) if whole else ()
+        measured = (gain(r["measured_gain"]) if r["measured_gain"] is not None else "-",) if verified else ()
+        reason = r.get("gain_basis_reason")
+        estimate = f"\nan estimate: {reason}" if r["gain_basis"] == "estimate" and reason else ""
+        fix = f"\nfix: [cyan]{escape(r['fix'])}[/]" if r["fix"] else ""
+        table.add_row(r["id"], *run, expected, *measured, f"[bold]{r['title']}[/]\nwhy: {r['why']}{estimate}{fix}")
+    return table
 
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -127,7 +105,7 @@ def render_whole_run(whole: dict[str, Any], console: Console) -> None:
     for column in ("phase", "seconds", "share", ""):
         table.add_column(column)
     for p in whole["phases"]:
-        color = PHASE_STYLE[p["phase"]]
+        color = PHASE_COLOURS[p["phase"]][0]
         table.add_row(p["phase"], f"{p['seconds']:.2f}", f"{p['share']:.1%}",
                       f"[{color}]{'█' * round(40 * p['share'])}[/]")
     console.print(table)
@@ -168,24 +146,24 @@ def render_whole_run(whole: dict[str, Any], console: Console) -> None:
         console.print(f"[bold red]lost progress[/]: {escape(lost_progress_line(lost))}")
 
 
-def _split_bar(f: Fractions, width: int = 60) -> str:
-    parts = [("data wait", f.data_wait, "red"), ("transfer", f.transfer, "magenta"), ("host", f.host, "yellow"),
-             *((("rollout / host work between updates", f.collection, "blue"),) if f.collection else ()),
-             *((("communication", f.communication, "cyan"),) if f.communication else ()),
-             ("compute", f.compute, "green")]
+def _split_bar(fractions: Mapping[str, float], width: int = 60) -> str:
+    """The step's parts as a bar of `width` blocks, and their legend (a collection phase and communication only
+    where the step has them)."""
+    parts = [(label, fractions.get(key, 0.0), colour) for key, _, label, colour, _ in PARTS
+             if key not in ("collection", "communication") or fractions.get(key)]
     bar = "".join(f"[{color}]{'█' * round(share * width)}[/]" for _, share, color in parts)
     legend = "  ".join(f"[{color}]■[/] {name} {share:.0%}" for name, share, color in parts)
     return f"{bar}\n{legend}"
 
 
-def render_ranks(report: Report, console: Console) -> None:
+def render_ranks(report: Mapping[str, Any], console: Console) -> None:
     """The job's lines in the terminal: its samples/s over the ranks, a row per rank and the straggler."""
-    rows = report.ranks or []
-    if report.samples_per_s is not None:
-        console.print(f"job: {report.samples_per_s:,.0f} samples/s over {report.world_size} ranks (each rank trains "
-                      "its own batches: the sum of the ranks' rates)")
+    rows = report.get("ranks") or []
+    if report.get("samples_per_s") is not None:
+        console.print(f"job: {report['samples_per_s']:,.0f} samples/s over {report['world_size']} ranks (each rank "
+                      "trains its own batches: the sum of the ranks' rates)")
     else:
-        console.print(f"job: samples/s over {report.world_size} ranks unknown (see the notes)")
+        console.print(f"job: samples/s over {report['world_size']} ranks unknown (see the notes)")
     # two-line headers: the table fits 80 columns
     collectives = job_collectives(rows)
     table = Table(title=f"ranks: each one's own split; its wait for the others in {collectives} is within its "
@@ -212,7 +190,7 @@ def render_ranks(report: Report, console: Console) -> None:
             else "") for row in timed)
         console.print(f"communication: {collectives}; blocked in them per step (exposed): {each}")
     if any(row.get("whole_run") for row in rows):
-        phases = ("startup", "compile", "train", "evaluation", "checkpoint", "epoch_start", "other")
+        phases = PHASES
         whole = Table(title="ranks' whole runs: seconds in each phase", title_justify="left", box=box.SIMPLE_HEAD,
                       show_edge=False, pad_edge=False, collapse_padding=True)
         for column in ("rank", "wall", "goodput", *phases):
@@ -223,7 +201,7 @@ def render_ranks(report: Report, console: Console) -> None:
                 whole.add_row(str(row["rank"]), f"{run['wall_s']:.1f}", _share(run["goodput"]),
                               *(f"{run['phases'][p]:.1f}" for p in phases))
         console.print(whole)
-    straggler = report.straggler
+    straggler = report.get("straggler")
     if straggler is None:
         known = [row for row in rows if row.get("waiting_for_ranks") is not None]
         if known:

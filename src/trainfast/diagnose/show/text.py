@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 
@@ -47,3 +48,9 @@ def lost_progress_line(lost: dict[str, Any]) -> str:
                      f"again{restart}")
     return (f"{lost['restarts']} restart(s), {lost['steps']} step(s) and {lost['seconds'] + lost['restart_s']:.1f} s "
             f"outside this attempt's wall time — " + "; ".join(parts))
+
+
+def gain(value: float) -> str:
+    """A gain as the report's JSON holds it (3 decimals), shown to 2, half up: 1.255 reads "1.26x", as a reader of
+    the JSON would round it (binary floating point would print 1.25)."""
+    return f"{Decimal(repr(value)).quantize(Decimal('0.01'), ROUND_HALF_UP)}x"
