@@ -81,7 +81,7 @@ def verify_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, 
 
 def test_the_fix_table_is_the_rules_own() -> None:
     found = TABLE.search(READING.read_text(encoding="utf-8"))
-    assert found, f"{READING.relative_to(ROOT)} has no fix table between '<!-- fix table -->' and '<!-- end fix table -->'"
+    assert found, f"{READING.relative_to(ROOT)} has no fix table between '<!-- fix table ... -->' and its end mark"
     assert found.group(1) == fix_table(), (
         "the fix table in docs/reading-a-report.md is not the rules' own: paste the output of\n  python -c 'import "
         "trainfast.diagnose.fixes.rule as r; import trainfast.diagnose; print(r.fix_table(), end=\"\")'")

@@ -28,7 +28,8 @@ def differences(recorded: Any, now: Any, path: str = "") -> list[str]:
             out += differences(recorded[k], now[k], f"{path}.{k}")
         return out
     if isinstance(recorded, list) and isinstance(now, list) and len(recorded) == len(now):
-        return [d for i, (a, b) in enumerate(zip(recorded, now, strict=True)) for d in differences(a, b, f"{path}[{i}]")]
+        pairs = enumerate(zip(recorded, now, strict=True))
+        return [d for i, (a, b) in pairs for d in differences(a, b, f"{path}[{i}]")]
     return [] if recorded == now else [f"{path}: recorded {recorded!r}, now {now!r}"]
 
 

@@ -1,4 +1,5 @@
-"""Fixes for a whole run's time outside its steps (fixes/run.py): ranked with the step fixes by their gain on the run."""
+"""Fixes for a whole run's time outside its steps (fixes/run.py): ranked with the step fixes by their gain on the
+run."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""What `trainfast doctor --verify` injects into the unmodified script to measure a fix: DataLoader arguments, intra-op threads, cudnn.benchmark, TF32, autocast off."""
+"""What `trainfast doctor --verify` injects into the unmodified script to measure a fix: DataLoader arguments, intra-op
+threads, cudnn.benchmark, TF32, autocast off."""
 
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ import torch
 from trainfast.diagnose.capture.instrument import Instrumentation
 from trainfast.diagnose.capture.probe import BUDGET_SHARE, MAX_PROBE_S, candidates, run_trials, unwrap
 from trainfast.diagnose.capture.snapshot import device_of
-from trainfast.diagnose.capture.timeline import MEASURE, Timeline
+from trainfast.diagnose.capture.timeline import Timeline
+from trainfast.diagnose.capture.window import MEASURE
 from trainfast.diagnose.records.trials import TrialRequest, Trials
 from trainfast.flops import FlopCounter
 from trainfast.trainer.settings import torch_settings

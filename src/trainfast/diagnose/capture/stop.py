@@ -1,4 +1,12 @@
-"""Under torchrun no rank stops on its own clock: the ranks agree on the step they all stop at, on the job's store (run.py says why the store)."""
+"""Under torchrun (2+ ranks, each running the doctor) no rank stops on its own clock: one that stopped alone would
+leave its peers in an all-reduce it never joins (a hang until the collective's timeout, or a crash when its
+connection drops). A rank that wants to stop (steps measured, deadline passed, SIGALRM) proposes a step a little
+ahead on torchrun's store under its own key prefix; every rank reads the store every `STOP_CHECK_EVERY` steps
+and all stop at the step first proposed (timeline.py says why that step is reached by all). Why the store: it
+needs nothing from the script's process group (a collective of ours on it could interleave with DDP's own and
+deadlock), costs one round trip every few steps instead of a collective per step, and torchrun's agent hosts it
+for the job's whole life. A rank that is still running a while after its SIGALRM is stuck, and stops alone
+(script.py's `alarm`)."""
 
 from __future__ import annotations
 

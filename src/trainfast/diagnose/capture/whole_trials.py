@@ -1,4 +1,5 @@
-"""What a whole run's fixes time once the script has ended: the evaluation under autocast + inference_mode against the script's own, and a copy to host memory's bandwidth."""
+"""What a whole run's fixes time once the script has ended: the evaluation under autocast + inference_mode against the
+script's own, and a copy to host memory's bandwidth."""
 
 from __future__ import annotations
 

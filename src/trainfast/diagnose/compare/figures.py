@@ -1,4 +1,5 @@
-"""What a comparison finds: each change with its interval (`Change`), the slowdown the gate judges (`Slowdown`), the comparison (`Comparison`) and the gate's decision (`Gate`), and the thresholds they use."""
+"""What a comparison finds: each change with its interval (`Change`), the slowdown the gate judges (`Slowdown`), the
+comparison (`Comparison`) and the gate's decision (`Gate`), and the thresholds they use."""
 
 from __future__ import annotations
 

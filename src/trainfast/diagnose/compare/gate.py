@@ -1,4 +1,5 @@
-"""Two reports compared (`compare`): each change with its interval, the notes on what else differs; and the regression gate on the comparison (`judge`)."""
+"""Two reports compared (`compare`): each change with its interval, the notes on what else differs; and the regression
+gate on the comparison (`judge`)."""
 
 from __future__ import annotations
 

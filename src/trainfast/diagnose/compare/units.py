@@ -1,4 +1,5 @@
-"""The units of noise a report's figures are resampled over (a window's measured steps, a whole run's throughput intervals), the checks that two reports can be compared, and the resampling itself."""
+"""The units of noise a report's figures are resampled over (a window's measured steps, a whole run's throughput
+intervals), the checks that two reports can be compared, and the resampling itself."""
 
 from __future__ import annotations
 

@@ -47,9 +47,9 @@ class Threads(Rule):
             return None  # with workers, the cores are shared: cpu_threads and num_workers weigh that
         faster = [t for key, t in e.trials.trials.items() if key.startswith("threads:") and t.faster
                   and t.value > e.threads]
-        best = max(faster, key=lambda t: t.factor, default=None)
+        best = max(faster, key=lambda t: t.factor or 0.0, default=None)  # (a faster trial has a factor)
         gain = best.gain(e.fractions.compute, e.compute_s) if best is not None else None
-        if best is None or gain is None or gain < MIN_GAIN:
+        if best is None or best.factor is None or gain is None or gain < MIN_GAIN:
             return None
         return Recommendation(
             "threads", f"Give the model step {best.value} intra-op threads (now {e.threads})",

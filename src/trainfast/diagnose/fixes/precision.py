@@ -111,7 +111,8 @@ class Fp32(Rule):
         trial, gain = measured
         dtype = next((d for kind, d in e.autocast if kind == e.device), "reduced-precision")
         native = ("bf16 is emulated here (no AMX or AVX512-BF16 that oneDNN may use)" if e.device == "cpu" and
-                  dtype == "bfloat16" and not e.bf16_supported else f"{dtype} does not pay on this device for this model")
+                  dtype == "bfloat16" and not e.bf16_supported
+                  else f"{dtype} does not pay on this device for this model")
         return Recommendation(
             "fp32", f"Train in float32: drop the {dtype} autocast",
             f"the script trains under {dtype} autocast, and {native}: the model's forward and backward ran "

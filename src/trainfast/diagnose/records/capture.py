@@ -114,9 +114,9 @@ class WholeRecord:
     end: float  # perf_counter time the script ended
     compiled: bool  # torch.compile compiled frames in this run
     warmup: int
-    trial: Trial | None  # evaluation under autocast + inference_mode against the script's (runfixes.py)
+    trial: Trial | None  # evaluation under autocast + inference_mode against the script's (capture/whole_trials.py)
     bandwidth: float | None  # bytes/s of a copy to host memory
-    lost_progress: JSON | None  # attempts.py, after torchrun restarted the job
+    lost_progress: JSON | None  # capture/attempts.py, after torchrun restarted the job
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,8 @@ class Capture:
     final: bool = True
 
     def to_json(self) -> JSON:
-        return _encode(self)
+        encoded: JSON = _encode(self)
+        return encoded
 
     @classmethod
     def from_json(cls, data: JSON) -> Capture:

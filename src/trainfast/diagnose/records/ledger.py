@@ -1,4 +1,5 @@
-"""What a whole run's ledger records (capture/ledger.py): the categories of time carved out of the run, checkpoint writes and evaluation passes."""
+"""What a whole run's ledger records (capture/ledger.py): the categories of time carved out of the run, checkpoint
+writes and evaluation passes."""
 
 from __future__ import annotations
 

@@ -95,7 +95,7 @@ class LoaderStats:
 
     @property
     def thread_backed(self) -> bool:
-        """trainfast's `ThreadLoader`: its workers are threads of the training process (diagnose/loaders.py)."""
+        """trainfast's `ThreadLoader`: its workers are threads of the training process (capture/loader_hook.py)."""
         return self.kind.startswith("trainfast ThreadLoader")
 
     def to_json(self) -> dict[str, Any]:

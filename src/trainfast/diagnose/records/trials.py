@@ -1,4 +1,5 @@
-"""The candidate fixes timed on the script's own model (capture/probe.py): each one's trial against the base, or why it was not measured."""
+"""The candidate fixes timed on the script's own model (capture/probe.py): each one's trial against the base, or why it
+was not measured."""
 
 from __future__ import annotations
 

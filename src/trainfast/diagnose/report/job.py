@@ -1,6 +1,6 @@
 """One doctor report per torchrun job, with the rank that holds the others back named.
 
-Every rank runs the doctor and measures its own steps (runner.py). Then each rank other than 0 sends a compact
+Every rank runs the doctor and measures its own steps (run/doctor.py). Then each rank other than 0 sends a compact
 summary of its figures (`rank_summary`) to the job's store, under the key prefix its stop step was agreed on, and
 rank 0 gathers them (for at most GATHER_TIMEOUT_S: a rank that sends nothing is named in a note, never waited for
 longer) into the job's one report (`merge`): the job's samples/s, a row per rank, and the straggler.
@@ -8,7 +8,7 @@ longer) into the job's one report (`merge`): the job's samples/s, a row per rank
 Why one rank's figures mislead: DDP and FSDP keep the ranks in lockstep (every step's gradients are all-reduced, or
 reduce-scattered, inside backward, and a collective ends only when every rank has joined it), so a rank whose batch
 comes late makes every other rank wait in that collective. Each rank times the collectives it is blocked in
-(comms.py: its exposed communication, its own part of the step), and that wait is in it: alone, the waiting rank
+(capture/comms.py: its exposed communication, its own part of the step), and that wait is in it: alone, the waiting rank
 reads COMMUNICATION-BOUND (COMPUTE-BOUND where the wait is on the device, not the host: NCCL) and the late one
 INPUT-BOUND. Together: a rank's own time per step outside the collectives' reach is its data wait + transfer +
 host; the collective waits for the largest, so rank r waits about (largest - its own) per step, taken out of its
@@ -40,7 +40,7 @@ from trainfast.launch import launch_env
 
 
 class StoreStop(Protocol):
-    """The stop agreement's store (runner.py's `StoreStop`), which the ranks also send their figures through."""
+    """The stop agreement's store (capture/stop.py's `StoreStop`), which the ranks also send their figures through."""
 
     rank: int
 
@@ -51,7 +51,7 @@ class StoreStop(Protocol):
 log = logging.getLogger("trainfast.diagnose")
 
 
-# The ranks stop at the same step (runner.py), so they get here within one report's build of each other (a few
+# The ranks stop at the same step (capture/stop.py), so they get here within one report's build of each other (a few
 # seconds; more on a loaded machine, or with many loader workers to collect): a minute covers that, and bounds the
 # wait for a rank that died or lost the store.
 GATHER_TIMEOUT_S = 60.0
@@ -180,23 +180,22 @@ def merge(report: Report, summaries: Mapping[int, Mapping[str, Any]], *, world_s
     notes = list(report.notes)
     if missing:
         why = f" ({why_missing})" if why_missing else f" within {GATHER_TIMEOUT_S:g} s"
-        notes.append(f"rank(s) {', '.join(map(str, missing))} of {world_size} sent no figures{why}: they are not in "
-                     "this report, the job's samples/s is unknown and no straggler can be named")
-    notes.extend(notes_on_figures)
+        notes.append(Note(f"rank(s) {', '.join(map(str, missing))} of {world_size} sent no figures{why}: they are "
+                          "not in this report, the job's samples/s is unknown and no straggler can be named", "job"))
+    notes.extend(Note(n, "job") for n in notes_on_figures)
     for s in ordered:
         if s["rank"] != report.rank and s.get("exit_code"):
-            notes.append(f"rank {s['rank']}: {s.get('outcome') or 'exit code ' + str(s['exit_code'])}")
+            notes.append(Note(f"rank {s['rank']}: {s.get('outcome') or 'exit code ' + str(s['exit_code'])}", "job"))
     rates = [s.get("samples_per_s") for s in ordered]
     # each rank trains its own batches (DistributedSampler): the job's rate is their sum
     job_rate = sum(float(r) for r in rates if r is not None) if not missing and None not in rates else None
     changes: dict[str, Any] = {}
     if straggler is not None:
         changes = _straggler_figures(summaries[straggler["rank"]], straggler, rows, this_rank=report.rank)
-        notes.append(changes.pop("note"))
+        notes.append(Note(changes.pop("note"), "job"))
     contention = _without_siblings(report, ordered, notes, host or socket.gethostname())
     return replace(report, samples_per_s=job_rate, world_size=world_size, ranks=rows, straggler=straggler,
-                   contention=contention, notes=[n if isinstance(n, Note) else Note(n, "job") for n in notes],
-                   **changes)
+                   contention=contention, notes=notes, **changes)
 
 
 def _straggler_figures(summary: Mapping[str, Any], straggler: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
@@ -229,7 +228,7 @@ def _straggler_figures(summary: Mapping[str, Any], straggler: Mapping[str, Any],
     return changes
 
 
-def _without_siblings(report: Report, summaries: Sequence[Mapping[str, Any]], notes: list[str],
+def _without_siblings(report: Report, summaries: Sequence[Mapping[str, Any]], notes: list[Note],
                       host: str) -> dict[str, Any] | None:
     """The contention figures with the job's other ranks on this machine taken out of "other processes" (each
     rank's monitor counts its siblings among them); its note in `notes` is rewritten to match."""

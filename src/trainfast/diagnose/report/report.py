@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from trainfast.diagnose.records.findings import Recommendation, Verdict
+from trainfast.diagnose.records.findings import Note, Recommendation, Verdict
 from trainfast.diagnose.records.steps import Fractions, LoaderStats, StepRecord, max_speedups
 from trainfast.diagnose.verdict import no_verdict_reason
 
@@ -32,7 +32,7 @@ class Report:
     env: dict[str, Any] = field(default_factory=dict)
     monitor: dict[str, Any] = field(default_factory=dict)
     script: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
     verify: dict[str, Any] | None = None  # `--verify`: each fix re-run in a fresh process, with the baseline
     step_signal: str | None = None  # what defined a step: "optimizer", "backward" or "explicit" (timeline.py)
     input_source: str | None = None  # "loader" or "script" (no DataLoader)
@@ -43,7 +43,7 @@ class Report:
     oom: dict[str, Any] | None = None  # the script died of an out-of-memory error: where, the allocator, advice
     # how far compute is from the hardware's peak: FLOPs of one counted step, achieved FLOP/s, the peak, MFU
     compute: dict[str, Any] | None = None
-    # A job of several ranks (torchrun): rank 0 writes the one report of the job (ranks.py). A single process:
+    # A job of several ranks (torchrun): rank 0 writes the one report of the job (job.py). A single process:
     # world_size 1, rank 0, ranks and straggler None.
     world_size: int = 1
     rank: int = 0  # the rank whose report this is

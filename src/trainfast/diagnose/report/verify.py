@@ -194,7 +194,8 @@ def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | Non
                  max_seconds: float | None = 300.0, repeats: int = 1, progress: Callable[[str], None] | None = None,
                  startup_margin_s: float = STARTUP_MARGIN_S) -> tuple[list[Recommendation], dict[str, Any]]:
     """Re-run `target` per fix with `overrides` (fresh processes, ABA with a baseline); return the
-    recommendations with `measured_gain` filled and ranked (fixes/rule.py `rank`), and the record for `Report.verify`."""
+    recommendations with `measured_gain` filled and ranked (fixes/rule.py `rank`), and the record for
+    `Report.verify`."""
     if repeats < 1:
         raise ValueError(f"repeats={repeats!r}: give 1 or more")
     refusal = torchrun_refusal(target, module=module)

@@ -49,8 +49,9 @@ from trainfast.diagnose.capture.script import (
 )
 from trainfast.diagnose.capture.snapshot import ledger_record, snapshot
 from trainfast.diagnose.capture.stop import _RUNS, StoreStop, launched_ranks, rank_agreement
-from trainfast.diagnose.capture.timeline import MEASURE, Timeline
+from trainfast.diagnose.capture.timeline import Timeline
 from trainfast.diagnose.capture.whole_trials import WholeRun, copy_bandwidth, eval_trial
+from trainfast.diagnose.capture.window import MEASURE
 from trainfast.diagnose.evidence.evidence import evidence_of
 from trainfast.diagnose.evidence.wholerun import account, run_evidence
 from trainfast.diagnose.fixes.rule import run_trials_wanted, trials_wanted

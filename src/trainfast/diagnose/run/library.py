@@ -13,6 +13,7 @@ from torch import nn
 
 from trainfast.diagnose.capture.instrument import Instrumentation
 from trainfast.diagnose.capture.timeline import Timeline
+from trainfast.diagnose.records.findings import Note
 from trainfast.diagnose.report.report import Report
 from trainfast.diagnose.run.doctor import build_report, probe_hook
 from trainfast.envcheck.environment import environment, loader_settings
@@ -107,8 +108,9 @@ def diagnose(loader: Iterable[Any], step_fn: TrainStep | None = None, *, model: 
     if step_fn is None:
         report.verdict = None
         report.recommendations = []
-        report.notes.append("no step_fn or model: only the loader was measured"
-                            + (f" ({report.samples_per_s:,.0f} samples/s)" if report.samples_per_s else ""))
+        report.notes.append(Note("no step_fn or model: only the loader was measured"
+                                 + (f" ({report.samples_per_s:,.0f} samples/s)" if report.samples_per_s else ""),
+                                 "measurement"))
     return report
 
 

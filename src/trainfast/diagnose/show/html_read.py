@@ -1,4 +1,6 @@
-"""Reading a report defensively for the HTML page: every field may be missing, None or of an odd type (the JSON may come from an older or a failed run), and what cannot be shown reads "n/a"; and the small pieces of markup the sections share."""
+"""Reading a report defensively for the HTML page: every field may be missing, None or of an odd type (the JSON may
+come from an older or a failed run), and what cannot be shown reads "n/a"; and the small pieces of markup the
+sections share."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The sections of the HTML page, each from the report's JSON: the step's split, the timeline, the monitor's charts, the fixes, the loaders, what was observed, the environment, the notes, a torchrun job's ranks and a whole run's phases."""
+"""The sections of the HTML page, each from the report's JSON: the step's split, the timeline, the monitor's charts,
+the fixes, the loaders, what was observed, the environment, the notes, a torchrun job's ranks and a whole run's
+phases."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ a step (its label and colour, in the order the reports show them), each phase of
 
 from __future__ import annotations
 
-from trainfast.diagnose.evidence.wholerun import PHASES
+from trainfast.trainer.phases import PHASES
 
 # verdict -> (the terminal's style, the page's colour)
 VERDICTS = {"input-bound": ("bold red", "#c92a2a"), "transfer-bound": ("bold red", "#a61e8c"),

@@ -10,10 +10,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from trainfast.diagnose.evidence.wholerun import PHASES
 from trainfast.diagnose.report.job import PHASE_WORDS, STRAGGLER_SHARE, _ms, job_collectives
 from trainfast.diagnose.show.look import NO_VERDICT, PARTS, PHASE_COLOURS, VERDICTS
 from trainfast.diagnose.show.text import compute_line, gain, lost_progress_line, oom_headline, oom_paragraph
+from trainfast.trainer.phases import PHASES
 
 
 def render_terminal(report: Mapping[str, Any], console: Console | None = None) -> None:
