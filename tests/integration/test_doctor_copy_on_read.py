@@ -15,7 +15,7 @@ import pytest
 from trainfast.diagnose import run_doctor
 from trainfast.monitor import Monitor, sources
 
-measured_module = importlib.import_module("trainfast.diagnose.capture.snapshot")  # `trainfast.diagnose` hides the subpackage
+measured_module = importlib.import_module("trainfast.diagnose.evidence.monitored")  # (the package hides it)
 
 MIB = 2**20
 
