@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from trainfast.diagnose.records.capture import Capture
-from trainfast.diagnose.report.build import build
 from trainfast.diagnose.report.job import merge, rank_summary
-from trainfast.diagnose.report.report import Report
+from trainfast.diagnose.report.report import Report, build
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 

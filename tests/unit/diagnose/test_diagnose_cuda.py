@@ -24,7 +24,6 @@ from torch.utils.data import DataLoader, TensorDataset
 import helpers
 from trainfast.diagnose.capture.devicetime import DeviceTimer
 from trainfast.diagnose.capture.instrument import Instrumentation
-from trainfast.diagnose.capture.snapshot import snapshot
 from trainfast.diagnose.capture.timeline import Timeline
 from trainfast.diagnose.evidence.evidence import evidence_of
 from trainfast.diagnose.run import build_report
@@ -292,7 +291,7 @@ def cuda_evidence(index: int) -> Any:
     timeline = Timeline(warmup_steps=0)
     inst = Instrumentation(timeline)
     inst.observed.device, inst.observed.device_index = "cuda", index
-    return evidence_of(snapshot(timeline, inst, final=True))
+    return evidence_of(inst.snapshot(final=True))
 
 
 def test_bf16_and_peak_memory_are_the_model_device(fake_cuda: FakeCuda) -> None:

@@ -1,7 +1,7 @@
 """The doctor's behaviour, held by recorded runs: each file under golden/ is what the hooks captured in a real run of
 one of the suite's scripts (a window, a whole run, a torchrun job's ranks: records/capture.py's `Capture`, as JSON)
-and the report the doctor made of it then. The report is a pure function of the capture (report/build.py, and
-report/job.py's merge for a job), so the same capture must give the same report, to the last figure and word: a
+and the report the doctor made of it then. The report is a pure function of the capture (report/report.py's `build`,
+and report/job.py's merge for a job), so the same capture must give the same report, to the last figure and word: a
 change to the evidence, the verdict, the fixes, their gains or the notes shows here as the first difference.
 
 A deliberate change of behaviour records its cases again: `python tests/unit/diagnose/golden_record.py` (it

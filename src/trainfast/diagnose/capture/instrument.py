@@ -13,14 +13,14 @@ itself is at work (`paused`: its trials) or inside a loader's `next()` (`fetchin
 being looked for (`scanning`), and the CUDA events of the model's device once it is known to be one (`events`).
 Compilation is read from torch._dynamo's counters instead of patching `torch.compile`, which other libraries wrap
 themselves, as differences between snapshots (instrumentation start, warm-up end, measured steps' end): what the
-process compiled before, another model or an earlier run, is not this loop's. When the run ends, capture/snapshot.py
-freezes all of it into a `Capture`.
+process compiled before, another model or an earlier run, is not this loop's. When the run ends, `snapshot` freezes
+all of it into a `Capture`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,11 +30,17 @@ from trainfast.diagnose.capture.ledger import Ledger
 from trainfast.diagnose.capture.loader_hook import LoaderHook
 from trainfast.diagnose.capture.model_hook import ModelHook
 from trainfast.diagnose.capture.observations import Hook, Observations
+from trainfast.diagnose.capture.resolve import device_of, machine_record, observed_record
 from trainfast.diagnose.capture.step_hook import StepHook
 from trainfast.diagnose.capture.tensor_hook import TensorHook
 from trainfast.diagnose.capture.timeline import Timeline
 from trainfast.diagnose.capture.window import _earliest, _Step
+from trainfast.diagnose.records.capture import Capture, TimelineRecord, loaders_of
 from trainfast.dynamo import dynamo_counts
+from trainfast.monitor import Monitor
+
+if TYPE_CHECKING:
+    from trainfast.diagnose.capture.whole_trials import WholeRun
 
 
 class Instrumentation:
@@ -114,6 +120,40 @@ class Instrumentation:
             observed.flop_counter, observed.flops_reason = None, "the script ended before the counted step did"
         for hook in self.hooks:  # (after the last step closed: its probe still replays the model's last call)
             hook.uninstall()
+
+    def snapshot(self, *, monitor: Monitor | None = None, env: dict[str, Any] | None = None,
+                 script: dict[str, Any] | None = None, notes: list[str] | None = None,
+                 oom: dict[str, Any] | None = None, loader_headroom: float | None = None,
+                 whole: WholeRun | None = None, final: bool = True) -> Capture:
+        """The run as it stands, frozen into a `Capture` (records/capture.py): the measured steps, what the hooks
+        observed, the monitor's series, what the machine says (resolve.py), and the rest of what the report shows
+        (the environment, the script's outcome, notes, an out-of-memory error, a whole run's records). `final`: the
+        run is over: the last step is closed, the copies' device time is read and the figures that synchronise the
+        device are taken (the only device sync of the doctor's report); a mid-run snapshot leaves those out."""
+        timeline, observed = self.timeline, self.observed
+        if final:
+            timeline.finish()
+            if device_of(observed) == "cuda":
+                torch.cuda.synchronize(observed.device_index)
+            # the copies' own device time replaces the host time they blocked (waiting for queued kernels is compute)
+            timeline.correct_transfers(self.device_timer.seconds)
+        records = tuple(timeline.records)
+        device = device_of(observed)
+        return Capture(
+            timeline=TimelineRecord(
+                records=records, warmup_steps=timeline.warmup_steps, signal=timeline.signal,
+                input_source=timeline.input_source, loader_fed=timeline.loader_fed,
+                evaluation_steps=timeline.evaluation_steps, cycle=timeline.cycle, counts=timeline.seen(),
+                samples_per_s=timeline.samples_per_s, epoch_starts=tuple(timeline.epoch_starts),
+                measure_started_monotonic=timeline.measure_started_monotonic,
+                measure_ended_monotonic=timeline.measure_ended_monotonic),
+            observed=observed_record(observed, self.device_timer, self.collectives, device=device,
+                                     measured=bool(records), final=final),
+            loaders=loaders_of(self.loaders), machine=machine_record(observed, device),
+            monitor=None if monitor is None else monitor.frozen(
+                [observed.device_index] if device == "cuda" and observed.device_index is not None else []),
+            env=env, script=script, notes=tuple(notes or ()), oom=oom, loader_headroom=loader_headroom,
+            whole=None if whole is None else whole.record(), final=final)
 
     def end_step(self) -> None:
         """End a step now: for callers that define steps themselves (`Timeline(explicit_steps=True)`)."""

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from trainfast.diagnose.records.capture import LedgerRecord
 from trainfast.diagnose.records.ledger import CHECKPOINT, DOCTOR, LOGGING, SLEEP, EvalPass, Write
 
 # Checkpoint writes listed one by one in the report; beyond this they are only summed
@@ -73,6 +74,16 @@ class Ledger:
     beat_due: float = float("inf")
     _finders: list[_OnImport] = field(default_factory=list)
     _busy: bool = False  # inside a hooked call: a save's own prints, a print's logging, are that call's
+
+    def record(self) -> LedgerRecord:
+        """The ledger frozen, as the accounting reads it (evidence/wholerun.py)."""
+        return LedgerRecord(
+            process_start=self.process_start, intervals=tuple(self.intervals), writes=tuple(self.writes),
+            write_totals=dict(self.write_totals), passes=tuple(self.passes), epoch_starts=tuple(self.epoch_starts),
+            step_start=tuple(self.step_start), step_end=tuple(self.step_end), step_wait=tuple(self.step_wait),
+            step_transfer=tuple(self.step_transfer), step_gap=tuple(self.step_gap),
+            step_samples=tuple(self.step_samples), first_input=self.first_input, loader_fed=self.loader_fed,
+            doctor_parts=dict(self.doctor_parts))
 
     # ---- the steps (instrumentation.py passes each closed one)
     def step(self, start: float, end: float, wait: float, transfer: float, first_input: float | None,

@@ -10,7 +10,7 @@ import torch
 
 from trainfast.diagnose.capture.instrument import Instrumentation
 from trainfast.diagnose.capture.probe import BUDGET_SHARE, MAX_PROBE_S, candidates, run_trials, unwrap
-from trainfast.diagnose.capture.snapshot import device_of
+from trainfast.diagnose.capture.resolve import device_of
 from trainfast.diagnose.capture.timeline import Timeline
 from trainfast.diagnose.capture.window import MEASURE
 from trainfast.diagnose.records.trials import TrialRequest, Trials

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainfast.diagnose.capture.ledger import Ledger, module_device_type
+from trainfast.diagnose.records.capture import WholeRecord
 from trainfast.diagnose.records.trials import Trial
 
 if TYPE_CHECKING:
@@ -38,6 +39,11 @@ class WholeRun:
     compiled: bool = False
     warmup: int = 0
     lost: dict[str, Any] | None = None  # attempts.py's `lost_progress`, set with the entry's
+
+    def record(self) -> WholeRecord:
+        assert self.ledger is not None and self.end is not None
+        return WholeRecord(ledger=self.ledger.record(), end=self.end, compiled=self.compiled, warmup=self.warmup,
+                           trial=self.trial, bandwidth=self.bandwidth, lost_progress=self.lost)
 
 
 def eval_trial(ledger: Ledger, autocast: tuple[tuple[str, str], ...]) -> Trial | None:

@@ -47,7 +47,6 @@ from trainfast.diagnose.capture.script import (
     process_start,
     run_script,
 )
-from trainfast.diagnose.capture.snapshot import ledger_record, snapshot
 from trainfast.diagnose.capture.stop import _RUNS, StoreStop, launched_ranks, rank_agreement
 from trainfast.diagnose.capture.timeline import Timeline
 from trainfast.diagnose.capture.whole_trials import WholeRun, copy_bandwidth, eval_trial
@@ -56,9 +55,8 @@ from trainfast.diagnose.evidence.evidence import evidence_of
 from trainfast.diagnose.evidence.wholerun import account, run_evidence
 from trainfast.diagnose.fixes.rule import run_trials_wanted, trials_wanted
 from trainfast.diagnose.records.steps import LoaderStats
-from trainfast.diagnose.report.build import build
 from trainfast.diagnose.report.job import job_report
-from trainfast.diagnose.report.report import Report
+from trainfast.diagnose.report.report import Report, build
 from trainfast.diagnose.report.verify import torchrun_refusal, verify_report
 from trainfast.dynamo import dynamo_counts
 from trainfast.envcheck.environment import environment, preflight
@@ -214,16 +212,16 @@ def _report(timeline: Timeline, inst: Instrumentation, monitor: Monitor, *, chec
 
 
 def build_report(timeline: Timeline, instrumentation: Instrumentation, **what: Any) -> Report:
-    """The report of what the hooks measured: the run frozen (capture/snapshot.py), then the report made from that
-    capture alone (report/build.py). `what`: the rest of the capture (`snapshot`'s keywords)."""
-    return build(snapshot(timeline, instrumentation, **what))
+    """The report of what the hooks measured: the run frozen (`Instrumentation.snapshot`), then the report made from
+    that capture alone (report/report.py `build`). `what`: the rest of the capture (`snapshot`'s keywords)."""
+    return build(instrumentation.snapshot(**what))
 
 
 def probe_hook(timeline: Timeline, instrumentation: Instrumentation) -> Callable[[str], None]:
     """The probe (capture/probe_hook.py), timing what the fixes want timed (fixes/rule.py `trials_wanted`), from the
     evidence of the steps measured so far."""
     return gain_probe(timeline, instrumentation,
-                      lambda: trials_wanted(evidence_of(snapshot(timeline, instrumentation, final=False))))
+                      lambda: trials_wanted(evidence_of(instrumentation.snapshot(final=False))))
 
 
 def whole_run_entry(ledger: Ledger, instrumentation: Instrumentation, *, end: float, warmup: int,
@@ -232,7 +230,7 @@ def whole_run_entry(ledger: Ledger, instrumentation: Instrumentation, *, end: fl
     `run_trials_wanted`; after the script: the doctor's time, not the script's)."""
     observed = instrumentation.observed
     compiled = observed.compiled_model or dynamo_counts().get("frames", 0) > observed.dynamo_at_start.get("frames", 0)
-    entry = account(ledger_record(ledger), end=end, compiled=compiled, warmup=warmup)
+    entry = account(ledger.record(), end=end, compiled=compiled, warmup=warmup)
     wanted = run_trials_wanted(run_evidence(entry, loaders=loaders, trial=None, bandwidth=None, step_wait_s=None))
     trial = eval_trial(ledger, tuple(sorted(observed.autocast))) if "evaluation" in wanted else None
     if trial is not None:

@@ -1,79 +1,39 @@
-"""The run frozen into a `Capture` (records/capture.py): the measured steps, what the hooks observed, the monitor's
-series, and what the machine says at the end (read now, once, so that nothing after this reads the machine)."""
+"""What the hooks observed and what the machine says, resolved once, when the run is captured
+(`Instrumentation.snapshot`): the compile counters' differences, the workers' window, the collectives' figures, the
+matmul peak MFU is measured against, bf16 on the model's device, the peak GPU memory; after this nothing reads the
+machine again."""
 
 from __future__ import annotations
 
 import socket
 import statistics
-from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
 
-from trainfast.diagnose.capture.comms import collectives_json
-from trainfast.diagnose.capture.instrument import Instrumentation
+from trainfast.diagnose.capture.comms import Collectives, collectives_json
+from trainfast.diagnose.capture.devicetime import DeviceTimer
 from trainfast.diagnose.capture.observations import Observations
-from trainfast.diagnose.capture.timeline import Timeline
-from trainfast.diagnose.records.capture import (
-    Capture,
-    LedgerRecord,
-    MachineRecord,
-    ObservedRecord,
-    TimelineRecord,
-    WholeRecord,
-    loaders_of,
-)
+from trainfast.diagnose.records.capture import MachineRecord, ObservedRecord
 from trainfast.dynamo import dynamo_counts
 from trainfast.flops import Peak, peak_flops
 from trainfast.host import available_cpus
-from trainfast.monitor import Monitor
 from trainfast.precision.policy import device_caps
 
-if TYPE_CHECKING:
-    from trainfast.diagnose.capture.ledger import Ledger
-    from trainfast.diagnose.capture.whole_trials import WholeRun
+
+def machine_record(observed: Observations, device: str) -> MachineRecord:
+    return MachineRecord(cpus=available_cpus(), logical_cpus=psutil.cpu_count() or 1,
+                         bf16_native=bf16_native(device, observed.device_index),
+                         cudnn_benchmark=bool(torch.backends.cudnn.benchmark), host=socket.gethostname())
 
 
-def snapshot(timeline: Timeline, instrumentation: Instrumentation, *, monitor: Monitor | None = None,
-             env: dict[str, Any] | None = None, script: dict[str, Any] | None = None,
-             notes: list[str] | None = None, oom: dict[str, Any] | None = None,
-             loader_headroom: float | None = None, whole: WholeRun | None = None, final: bool = True) -> Capture:
-    """The run as it stands. `final`: the run is over: the last step is closed, the copies' device time is read and
-    the figures that synchronise the device are taken (the only device sync of the doctor's report)."""
-    observed = instrumentation.observed
-    if final:
-        timeline.finish()
-        if device_of(observed) == "cuda":
-            torch.cuda.synchronize(observed.device_index)
-        # the copies' own device time replaces the host time they blocked (which includes waiting for queued kernels)
-        timeline.correct_transfers(instrumentation.device_timer.seconds)
-    records = tuple(timeline.records)
-    device = device_of(observed)
-    return Capture(
-        timeline=TimelineRecord(
-            records=records, warmup_steps=timeline.warmup_steps, signal=timeline.signal,
-            input_source=timeline.input_source, loader_fed=timeline.loader_fed,
-            evaluation_steps=timeline.evaluation_steps, cycle=timeline.cycle, counts=timeline.seen(),
-            samples_per_s=timeline.samples_per_s, epoch_starts=tuple(timeline.epoch_starts),
-            measure_started_monotonic=timeline.measure_started_monotonic,
-            measure_ended_monotonic=timeline.measure_ended_monotonic),
-        observed=_observed(instrumentation, observed, device, records, final),
-        loaders=loaders_of(instrumentation.loaders),
-        machine=MachineRecord(cpus=available_cpus(), logical_cpus=psutil.cpu_count() or 1,
-                              bf16_native=bf16_native(device, observed.device_index),
-                              cudnn_benchmark=bool(torch.backends.cudnn.benchmark), host=socket.gethostname()),
-        monitor=None if monitor is None else monitor.frozen(
-            [observed.device_index] if device == "cuda" and observed.device_index is not None else []),
-        env=env, script=script, notes=tuple(notes or ()), oom=oom, loader_headroom=loader_headroom,
-        whole=None if whole is None else _whole(whole), final=final)
-
-
-def _observed(instrumentation: Instrumentation, observed: Observations, device: str, records: tuple[Any, ...],
-              final: bool) -> ObservedRecord:
+def observed_record(observed: Observations, timer: DeviceTimer, collectives: Collectives, *, device: str,
+                    measured: bool, final: bool) -> ObservedRecord:
+    """What the hooks observed, resolved: the compile counters' differences, the workers' window, the matmul peak,
+    and, in a final record, what synchronises the device (the skipped steps, the events, the peak memory)."""
     compiled, recompiled, breaks = _compile_counts(observed)
     start, end = observed.workers_at_warmup, observed.workers_at_end
-    timer = instrumentation.device_timer
-    peak, peak_error = _peak(observed, device) if final and records and observed.flops_per_step is not None \
+    peak, peak_error = _peak(observed, device) if final and measured and observed.flops_per_step is not None \
         else (None, None)
     return ObservedRecord(
         device=device, device_index=observed.device_index, threads_seen=observed.threads,
@@ -87,7 +47,7 @@ def _observed(instrumentation: Instrumentation, observed: Observations, device: 
         if observed.jpeg_decoded_pixels else None,
         trials=observed.trials, flops_per_step=observed.flops_per_step, flops_reason=observed.flops_reason,
         peak=peak, peak_error=peak_error,
-        collectives=collectives_json(observed.comm_at_warmup, observed.comm_at_end, instrumentation.collectives),
+        collectives=collectives_json(observed.comm_at_warmup, observed.comm_at_end, collectives),
         worker_window=end.since(start) if start is not None and end is not None else None,
         device_step_s=tuple(timer.step_seconds()) if final and timer.pairs else None,
         gpu_memory_fraction=_gpu_memory_fraction(device, observed.device_index) if final else None)
@@ -111,22 +71,6 @@ def _peak(observed: Observations, kind: str) -> tuple[Peak | None, str | None]:
     except (RuntimeError, ValueError) as e:  # a dtype without matmuls on this device
         return None, f"no peak for {dtype_name} on {device}: {e}"
     return peak, None
-
-
-def ledger_record(ledger: Ledger) -> LedgerRecord:
-    return LedgerRecord(
-        process_start=ledger.process_start, intervals=tuple(ledger.intervals), writes=tuple(ledger.writes),
-        write_totals=dict(ledger.write_totals), passes=tuple(ledger.passes), epoch_starts=tuple(ledger.epoch_starts),
-        step_start=tuple(ledger.step_start), step_end=tuple(ledger.step_end), step_wait=tuple(ledger.step_wait),
-        step_transfer=tuple(ledger.step_transfer), step_gap=tuple(ledger.step_gap),
-        step_samples=tuple(ledger.step_samples), first_input=ledger.first_input, loader_fed=ledger.loader_fed,
-        doctor_parts=dict(ledger.doctor_parts))
-
-
-def _whole(whole: WholeRun) -> WholeRecord:
-    assert whole.ledger is not None and whole.end is not None
-    return WholeRecord(ledger=ledger_record(whole.ledger), end=whole.end, compiled=whole.compiled,
-                       warmup=whole.warmup, trial=whole.trial, bandwidth=whole.bandwidth, lost_progress=whole.lost)
 
 
 def device_of(observed: Observations) -> str:
