@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,9 +34,10 @@ EXAMPLES = """examples:
 
 The script runs unmodified, in this process, as __main__. A step is one training iteration: its optimizer
 step(s), or, where no optimizer steps, its backward pass(es).
---verify costs one extra run of the script per fix it can inject (DataLoader workers, pin_memory, threads,
-...), plus two baseline runs (before and after, so drift shows), each in a fresh process and each as long
-as a doctor run (up to --max-seconds); --verify-repeats N does all of that N times and takes the median.
+--verify costs one extra run of the script per fix it can inject, plus two baseline runs (before and after,
+so drift shows), each in a fresh process and each as long as a doctor run (up to --max-seconds);
+--verify-repeats N does all of that N times and takes the median. The fixes it can inject:
+{injectable}.
 Under torchrun every rank runs the doctor and all stop at the same step; rank 0 prints the job's one report
 (its samples/s summed over the ranks, a row per rank, and the straggler: the rank whose data wait, copies or host
 work the others wait for in the all-reduce) and writes --json/--html; --verify is single-process only.
@@ -52,7 +54,10 @@ CPU) gets a paragraph saying at which step, what the allocator held and what to 
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("doctor", help="measure a training script and say what limits it", epilog=EXAMPLES,
+    from trainfast.diagnose.fixes.rule import injectable
+
+    epilog = EXAMPLES.replace("{injectable}", textwrap.fill(", ".join(rule.id for rule in injectable()), 110))
+    p = sub.add_parser("doctor", help="measure a training script and say what limits it", epilog=epilog,
                        description="Run an unmodified training script under instrumentation: a verdict with "
                                    "numbers and ranked fixes.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
