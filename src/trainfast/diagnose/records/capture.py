@@ -12,9 +12,10 @@ taken mid-run (`final` False, for the rules that choose which trials to time) le
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from trainfast.diagnose.records.ledger import EvalPass, Write
 from trainfast.diagnose.records.steps import LoaderStats, StepRecord, WorkerTotals
 from trainfast.diagnose.records.trials import Trial, Trials
 from trainfast.flops import Peak
@@ -91,9 +92,9 @@ class LedgerRecord:
 
     process_start: float
     intervals: tuple[tuple[str, float, float], ...]
-    writes: tuple[Any, ...]  # ledger.Write
+    writes: tuple[Write, ...]
     write_totals: Mapping[str, float]
-    passes: tuple[Any, ...]  # ledger.EvalPass
+    passes: tuple[EvalPass, ...]
     epoch_starts: tuple[tuple[float, float, float], ...]
     step_start: tuple[float, ...]
     step_end: tuple[float, ...]
@@ -187,8 +188,6 @@ def _loader(data: JSON) -> LoaderStats:
 
 
 def _whole(data: JSON) -> WholeRecord:
-    from trainfast.diagnose.records.ledger import EvalPass, Write
-
     ledger = data["ledger"]
     arrays = ("step_start", "step_end", "step_wait", "step_transfer", "step_gap", "step_samples")
     record = LedgerRecord(**(ledger | {name: tuple(ledger[name]) for name in arrays} | {
@@ -200,6 +199,4 @@ def _whole(data: JSON) -> WholeRecord:
 
 def loaders_of(stats: Sequence[LoaderStats]) -> tuple[LoaderStats, ...]:
     """Copies of the hooks' loader figures, which go on changing while the script runs."""
-    from dataclasses import replace
-
     return tuple(replace(s, startup_s=list(s.startup_s)) for s in stats)
