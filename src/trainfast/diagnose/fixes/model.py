@@ -46,7 +46,7 @@ class Threads(Rule):
         if e.device != "cpu" or e.trials is None or any(s.num_workers for s in e.loaders):
             return None  # with workers, the cores are shared: cpu_threads and num_workers weigh that
         faster = [t for key, t in e.trials.trials.items() if key.startswith("threads:") and t.faster
-                  and t.value > e.threads]
+                  and isinstance(t.value, int) and t.value > e.threads]
         best = max(faster, key=lambda t: t.factor or 0.0, default=None)  # (a faster trial has a factor)
         gain = best.gain(e.fractions.compute, e.compute_s) if best is not None else None
         if best is None or best.factor is None or gain is None or gain < MIN_GAIN:

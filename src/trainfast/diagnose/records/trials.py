@@ -9,6 +9,8 @@ from typing import Any
 
 from trainfast.margin import FASTER
 
+TrialValue = str | int | bool | tuple[str, str] | None
+
 
 @dataclass(frozen=True)
 class Trial:
@@ -23,13 +25,13 @@ class Trial:
     faster_rounds: int = 0
     base_s: float | None = None  # median replay time as the script ran
     reason: str | None = None  # why not measured
-    value: Any = None  # the setting itself (a dtype name, a thread count)
+    value: TrialValue = None  # the setting itself: a dtype's name, a thread count, (device, dtype) for evaluation
     applies: bool = True  # False: the fix cannot apply to this run (autocast on float64): it is not offered
     failed: bool = False  # the doctor's own preparation or replay of it failed (`reason` says which and how)
     replays: float = 1.0  # forward + backward passes of the models per training step (gradient accumulation: 2+)
 
     @classmethod
-    def of_rounds(cls, id: str, setting: str, ratios: list[float], bases: list[float], value: Any) -> Trial:
+    def of_rounds(cls, id: str, setting: str, ratios: list[float], bases: list[float], value: TrialValue) -> Trial:
         """A candidate measured: `ratios` the rounds' base / candidate times, `bases` the base's times."""
         return cls(id, setting, factor=statistics.median(ratios), low=min(ratios), high=max(ratios),
                    rounds=len(ratios), faster_rounds=sum(r > 1 for r in ratios), base_s=statistics.median(bases),
@@ -77,8 +79,8 @@ class Trials:
 
     def thread_probe(self) -> tuple[int, float] | None:
         """(threads, slowdown) of the fewest-threads count measured, for the loader fix that proposes it."""
-        measured = [(int(t.value), t.factor) for key, t in self.trials.items()
-                    if key.startswith("threads:") and t.factor]
+        measured = [(t.value, t.factor) for key, t in self.trials.items()
+                    if key.startswith("threads:") and isinstance(t.value, int) and t.factor]
         fewest = min(measured, default=None)
         return (fewest[0], 1 / fewest[1]) if fewest is not None else None
 
@@ -98,7 +100,7 @@ class TrialRequest:
 
     id: str
     setting: str  # in words: "bfloat16 autocast", "1 intra-op thread(s)"
-    value: str | int | bool | None
+    value: TrialValue
     skip: str | None = None
 
     @property
