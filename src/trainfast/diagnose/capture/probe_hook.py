@@ -1,5 +1,5 @@
-"""The probes' hook on the timeline: when the measured steps end, the candidate fixes are timed on the script's own
-model (probe.py), with the thread counts a loader fix would leave the model, and the next step's FLOPs counted."""
+"""The probes' hook on the timeline: when the measured steps end, the candidate fixes the rules want timed are
+replayed on the script's own model (probe.py), and the next step's FLOPs counted."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The whole run accounted for: a `Ledger` (ledger.py) turned into phases that add up to the wall time, goodput,
+"""The whole run accounted for: a `Ledger`'s record (capture/ledger.py) turned into phases that add up to the wall time, goodput,
 throughput over time and drift (pure functions; the report's `whole_run` entry).
 
 The wall time runs from the process start to the script's end, less the doctor's own work inside it (`doctor_s`:

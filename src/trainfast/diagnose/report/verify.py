@@ -1,13 +1,12 @@
 """`trainfast doctor --verify`: measure each fix instead of estimating it.
 
-A fix with `overrides` can be injected into the unmodified script: `apply_overrides` patches
-`DataLoader.__init__` (num_workers, pin_memory, persistent_workers, prefetch_factor), sets torch's
-global settings (intra-op threads, cudnn.benchmark, TF32) and turns the script's autocast off (`autocast`: false)
-for as long as it is active.
+A fix with `overrides` can be injected into the unmodified script (capture/inject.py `apply_overrides`: DataLoader
+arguments, intra-op threads, cudnn.benchmark, TF32, the script's autocast off); the rules say which fixes have them
+(fixes/rule.py `Rule.injects`). `verify_report` is the library function `run_doctor(verify=True)` and the CLI call:
+the report with its injectable fixes measured, ranked by what they measured, and the record of the runs.
 
-`verify_fixes` re-runs the script once per fix, each in a fresh process (`python -m
-trainfast.diagnose.report.verify SPEC.json`, which runs the doctor inside `apply_overrides`), between two runs of
-the unchanged script: base, fix 1, ..., fix N, base (ABA), so drift over the runs shows. A fix's measured
+`verify_fixes` re-runs the script once per fix, each in a fresh process (`python -m trainfast.diagnose.run.child
+SPEC.json`, which runs the doctor inside `apply_overrides`), between two runs of the unchanged script: base, fix 1, ..., fix N, base (ABA), so drift over the runs shows. A fix's measured
 gain is its samples/s over the mean of the two baselines of the same repeat; over several repeats, the
 median. Every child gets the same environment, working directory and interpreter: the overrides, passed
 in the spec file, are the only difference between a fix's run and the baseline. Before the first child, the parent
