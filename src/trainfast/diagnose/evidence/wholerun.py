@@ -1,5 +1,5 @@
-"""The whole run accounted for: a `Ledger`'s record (capture/ledger.py) turned into phases that add up to the wall time, goodput,
-throughput over time and drift (pure functions; the report's `whole_run` entry).
+"""The whole run accounted for: a `Ledger`'s record (capture/ledger.py) turned into phases that add up to the wall
+time, goodput, throughput over time and drift (pure functions; the report's `whole_run` entry).
 
 The wall time runs from the process start to the script's end, less the doctor's own work inside it (`doctor_s`:
 its scans, the timed candidate fixes, its set-up before the script began). Every instant of it belongs to one

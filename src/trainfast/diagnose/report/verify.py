@@ -6,8 +6,9 @@ arguments, intra-op threads, cudnn.benchmark, TF32, the script's autocast off); 
 the report with its injectable fixes measured, ranked by what they measured, and the record of the runs.
 
 `verify_fixes` re-runs the script once per fix, each in a fresh process (`python -m trainfast.diagnose.run.child
-SPEC.json`, which runs the doctor inside `apply_overrides`), between two runs of the unchanged script: base, fix 1, ..., fix N, base (ABA), so drift over the runs shows. A fix's measured
-gain is its samples/s over the mean of the two baselines of the same repeat; over several repeats, the
+SPEC.json`, which runs the doctor inside `apply_overrides`), between two runs of the unchanged script: base, fix 1,
+..., fix N, base (ABA), so drift over the runs shows. A fix's measured gain is its samples/s over the mean of the
+two baselines of the same repeat; over several repeats, the
 median. Every child gets the same environment, working directory and interpreter: the overrides, passed
 in the spec file, are the only difference between a fix's run and the baseline. Before the first child, the parent
 hands back what it can of the device memory its own run left (the children need it).
