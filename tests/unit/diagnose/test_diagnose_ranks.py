@@ -274,3 +274,12 @@ def test_a_store_out_of_reach_is_said_not_waited_for() -> None:
     assert not published and sent.rank == 1  # the CLI then shows this rank's own report
     job, _ = job_report(report(), None, world_size=2, exit_code=0)
     assert job.samples_per_s is None and "(no store to gather them through)" in job.notes[-1]
+
+
+def test_the_stragglers_fixes_keep_their_basis_in_the_jobs_report() -> None:
+    """Rank 0 shows the straggler's fixes from its summary: measured ones stay measured, estimates keep their reason,
+    a whole run's gain stays (gains as the JSON rounds them)."""
+    fixes = [Recommendation("num_workers", "t", "w", "f", 1.6, overrides={"num_workers": 2}, gain_basis="measured",
+                            run_gain=1.25),
+             Recommendation("startup", "t", "w", "", None, basis_reason="named with its seconds")]
+    assert [Recommendation.from_json(r.to_json()) for r in fixes] == fixes

@@ -84,7 +84,8 @@ def _more_workers(e: Evidence) -> Recommendation | None:
         "num_workers", f"Load batches in {k} worker processes (now {k0})",
         f"the loop waits {e.fractions.data_wait:.0%} of each step for loader #{loader.index} ({loader.dataset}, "
         f"num_workers={k0}): {wait * 1e3:.1f} ms of a {e.step_s * 1e3:.1f} ms step; one worker needs "
-        f"~{per_batch * 1e3:.1f} ms per batch, so {k} overlap it with the {compute * 1e3:.1f} ms of compute{caveat}",
+        f"~{per_batch * 1e3:.1f} ms per batch, so {k} {'overlaps' if k == 1 else 'overlap'} it with the "
+        f"{compute * 1e3:.1f} ms of compute{caveat}",
         f"DataLoader(..., num_workers={k}, persistent_workers=True){threads}  # or trainfast.make_loader(dataset, "
         f"batch_size) / trainfast train --workers auto", gain,
         overrides={"num_workers": k, "persistent_workers": True} | thread_override,

@@ -12,6 +12,7 @@ exists. Its `gain_basis` says where it comes from:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,14 @@ class Recommendation:
     basis_reason: str | None = None  # an estimate's: why nothing was measured
     # `doctor --whole-run`: the gain on the whole run's wall time (Amdahl on the phase's share: fixes/run.py)
     run_gain: float | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Recommendation:
+        """A fix from its JSON (`to_json`): another rank's, in a torchrun job's report (gains as rounded there)."""
+        return cls(id=data["id"], title=data["title"], why=data["why"], fix=data["fix"],
+                   expected_gain=data.get("expected_gain"), overrides=data.get("overrides"),
+                   measured_gain=data.get("measured_gain"), gain_basis=data.get("gain_basis") or "estimate",
+                   basis_reason=data.get("gain_basis_reason"), run_gain=data.get("run_gain"))
 
     def to_json(self) -> dict[str, object]:
         return {"id": self.id, "title": self.title, "why": self.why, "fix": self.fix,

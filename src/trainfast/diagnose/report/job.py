@@ -213,11 +213,7 @@ def _straggler_figures(summary: Mapping[str, Any], straggler: Mapping[str, Any],
     changes: dict[str, Any] = {"verdict": Verdict(name, reason), "fractions": Fractions(**summary["fractions"]),
                                "intervals": summary.get("fractions_interval")}
     if rank != this_rank:
-        changes["recommendations"] = [Recommendation(id=r["id"], title=r["title"], why=r["why"], fix=r["fix"],
-                                                     expected_gain=r.get("expected_gain"),
-                                                     overrides=r.get("overrides"),
-                                                     measured_gain=r.get("measured_gain"))
-                                      for r in summary.get("recommendations") or []]
+        changes["recommendations"] = [Recommendation.from_json(r) for r in summary.get("recommendations") or []]
         changes["note"] = (f"the verdict, the split of the step and the fixes are rank {rank}'s, the straggler's; the "
                            f"timeline, loaders and the rest are rank {this_rank}'s, whose communication and compute "
                            "include "
