@@ -1,5 +1,6 @@
 """The public API, pinned: `trainfast.__all__` and every subpackage's `__all__` exactly as published, each name
-importable and of the kind the README's API tour (or, for names it does not show, the code) says it is.
+importable and of the kind the Python API tour (docs/python-api.md; or, for names it does not show, the code) says it
+is.
 
 A deliberate change to the public API must update the lists here; an accidental one fails.
 """
@@ -23,11 +24,11 @@ import trainfast
 CLASS, EXCEPTION, FUNCTION, CONSTANT, LITERAL_ALIAS, VERSION = (
     "class", "exception", "function", "constant", "Literal alias", "version string")
 
-# trainfast.__all__ as it is today, in its order, with each name's kind: 19 names and `__version__`. The README's
+# trainfast.__all__ as it is today, in its order, with each name's kind: 19 names and `__version__`. The Python
 # API tour shows `ImageFolder`, `DevicePrefetcher`, `Trainer`, `TrainConfig`, `Doctor` and `Monitor` as classes
 # and `make_loader`, `ensure_demo_dataset`, `build_model`, `diagnose` and `find_batch_size` as functions;
 # `FitResult`, `Report` and `TuneResult` are what `fit`, `diagnose` and `tune` return (dataclasses); `pack` writes
-# and `PackedImages` reads packed JPEG shards (README: "Packing a dataset").
+# and `PackedImages` reads packed JPEG shards (docs/command-line.md: "Packing a dataset").
 TOP_LEVEL: dict[str, str] = {
     "DevicePrefetcher": CLASS,
     "Doctor": CLASS,
@@ -265,8 +266,8 @@ def test_packages_export_nothing_public_outside_all(module: str) -> None:
     assert unlisted == []
 
 
-def test_the_readme_tour_call_shapes() -> None:
-    """The calls the README's API tour shows (`Trainer(model, optimizer=None, loss_fn=None, config=None,
+def test_the_api_tour_call_shapes() -> None:
+    """The calls the Python API tour shows (`Trainer(model, optimizer=None, loss_fn=None, config=None,
     callbacks=())`, `make_loader(dataset, batch_size, ...)`, ...) still bind."""
 
     def head(fn: Any, count: int) -> list[tuple[str, object]]:
@@ -290,7 +291,7 @@ def test_the_readme_tour_call_shapes() -> None:
     assert inspect.signature(trainfast.ensure_demo_dataset).parameters["size"].default == "quick"
 
 
-def test_the_readme_tour_methods_and_fields() -> None:
+def test_the_api_tour_methods_and_fields() -> None:
     for context_manager in (trainfast.Doctor, trainfast.Monitor):
         assert callable(context_manager.__enter__) and callable(context_manager.__exit__)
     assert callable(trainfast.Trainer.fit)

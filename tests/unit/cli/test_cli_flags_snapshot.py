@@ -1,5 +1,5 @@
 """Every `trainfast` command's flags, frozen: a flag added, removed or changed (name, value, choices, default)
-must be deliberate, so this snapshot is updated with it, and README and --help with it too.
+must be deliberate, so this snapshot is updated with it, and docs/command-line.md and --help with it too.
 
 After a deliberate change: TRAINFAST_UPDATE_SNAPSHOT=1 pytest tests/unit/cli/test_cli_flags_snapshot.py
 """
@@ -52,5 +52,5 @@ def test_every_command_s_flags_match_the_snapshot() -> None:
     frozen = json.loads(SNAPSHOT.read_text())
     for command in sorted(set(now) | set(frozen)):
         assert now.get(command) == frozen.get(command), (
-            f"`trainfast {command}` flags changed; if deliberate, update README/--help and run "
+            f"`trainfast {command}` flags changed; if deliberate, update docs/command-line.md and --help and run "
             "TRAINFAST_UPDATE_SNAPSHOT=1 pytest tests/unit/cli/test_cli_flags_snapshot.py")
