@@ -99,6 +99,21 @@ def trainfast_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptur
 
 
 @pytest.fixture
+def one_intra_op_thread() -> Iterator[None]:
+    """torch's intra-op threads at 1 for the test, put back after it. On 2 cores that other processes keep busy, a
+    step on 2 threads waits at each op for the thread that lost its core: a small conv net's 5-25 ms step took
+    0.1-0.7 s with two busy loops beside the suite, all of it "compute", and a script the doctor runs in this
+    process was classified by that. Where a test checks a classification, its script's compute stays one core's
+    work, which load slows but does not change in kind."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture
 def saved_rngs() -> Iterator[None]:
     """The global RNGs (torch's CPU generator, numpy's, Python's `random`) put back as they were after the test."""
     t, n, p = torch.get_rng_state(), np.random.get_state(), random.getstate()

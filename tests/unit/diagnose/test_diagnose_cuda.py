@@ -29,7 +29,9 @@ from trainfast.diagnose.evidence.evidence import evidence_of
 from trainfast.diagnose.run import build_report
 from trainfast.monitor import Monitor, NvmlSource
 
-KERNEL_S = 0.018  # the model's kernels per step, queued asynchronously
+# The model's kernels per step, queued asynchronously: 30x the copy, and far above what load adds to a step's host
+# work (at 18 ms, 8 ms of a busy machine's delay before the forward crossed a bound of KERNEL_S / 3).
+KERNEL_S = 0.06
 COPY_S = 0.002  # the host-to-device copy itself
 
 
@@ -181,8 +183,8 @@ def test_device_timer_records_nothing_before_cuda_work() -> None:
 
 
 def test_transfer_is_the_copy_itself_not_the_kernels_it_waited_for(blocking_copies: FakeCuda) -> None:
-    """Each step's blocking copy waits ~18 ms for the previous step's kernels, then copies for 2 ms: the host
-    timer booked ~20 ms of transfer (a transfer-bound verdict); the copy's events say 2 ms, the rest is compute."""
+    """Each step's blocking copy waits ~60 ms for the previous step's kernels, then copies for 2 ms: the host
+    timer booked ~62 ms of transfer (a transfer-bound verdict); the copy's events say 2 ms, the rest is compute."""
     data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
     model = on_fake_cuda(nn.Linear(4, 2), 0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -195,8 +197,10 @@ def test_transfer_is_the_copy_itself_not_the_kernels_it_waited_for(blocking_copi
             optimizer.step()
     report = build_report(timeline, inst)
     assert len(report.steps) == 6
-    for step in report.steps:  # (a sleep that overruns on a busy machine lengthens the fake copy: loose bounds)
-        assert step.total_s >= KERNEL_S and step.transfer_s < KERNEL_S / 2 and step.compute_s > KERNEL_S / 2, step
+    # Loose bounds: a sleep that overruns on a busy machine lengthens the fake copy, and the kernels start before the
+    # step ends (at launch), so a host delayed in optimizer.step() sees less of their wait in the next step.
+    for step in report.steps:
+        assert step.total_s > KERNEL_S / 2 and step.transfer_s < KERNEL_S / 2 and step.compute_s > KERNEL_S / 2, step
     assert report.fractions is not None and report.fractions.transfer < 0.25 and report.fractions.compute > 0.6
     assert report.verdict is not None and report.verdict.name != "transfer-bound"
     # pinning still saves part of the copy itself, not the kernels' time (host-timed: "up to 6.9x")

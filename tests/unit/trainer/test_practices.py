@@ -2,7 +2,8 @@
 practices of trainer/practice_kinds.py).
 
 The models here sleep in one setting, so each A/B has a known answer on any CPU; torch.compile is faked where a
-test is about the decision rather than inductor.
+test is about the decision rather than inductor. They train on one intra-op thread (`one_intra_op_thread`): on two,
+with other processes busy on both cores, a step of these tiny models took ~0.1 s and varied by more than the sleep.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from trainfast.trainer.config import TrainConfig
 from trainfast.trainer.loop import Trainer
 from trainfast.trainer.practices import CYCLES, MIN_RUN_MULTIPLE
 
-DELAY_S = 0.015  # the slow setting's extra time per step: far above a 2-core CPU's step-to-step noise
+DELAY_S = 0.015  # the slow setting's extra time per step: far above a 2-core CPU's step-to-step noise on one thread
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 class Sleepy(nn.Module):

@@ -56,8 +56,10 @@ def instant_peak(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def config(**overrides: Any) -> TrainConfig:
+    """One intra-op thread: the steps' own time stays a few ms however busy the cores are (on two threads, with
+    other processes on both cores, 8 steps of a Linear(8, 4) took 0.14 s, past the bound of a phase's slack)."""
     values: dict[str, Any] = {"epochs": 2, "progress": False, "device": "cpu", "precision": "32-true",
-                              "channels_last": False, "compile": False, "log_every": 1}
+                              "channels_last": False, "compile": False, "log_every": 1, "cpu_threads": 1}
     return TrainConfig(**(values | overrides))
 
 
@@ -147,7 +149,8 @@ def test_the_mfu_peak_measured_inside_the_loop_is_other(monkeypatch: pytest.Monk
 
 def test_compiling_steps_are_compile_not_train(monkeypatch: pytest.MonkeyPatch) -> None:
     """A step during which torch.compile compiled frames (faked: the counter moves, the forward takes 0.3 s longer)
-    is `compile` beyond the median step; the other steps stay training."""
+    is `compile` beyond the median step; the other steps stay training. (Beyond the median: the sleep less the
+    median step's own time, 0.296 s once on a busy machine, hence the bound below 0.3.)"""
     frames = {"n": 0}
 
     class CompilesOnce(nn.Linear):
@@ -161,7 +164,7 @@ def test_compiling_steps_are_compile_not_train(monkeypatch: pytest.MonkeyPatch) 
     torch.manual_seed(0)
     result = Trainer(CompilesOnce(8, 4), config=config(epochs=1)).fit(data())
     got = phases(result)
-    assert 0.3 <= got["compile"] < 0.4 and got["train"] < 0.1, got
+    assert 0.27 <= got["compile"] < 0.4 and got["train"] < 0.1, got
 
 
 def test_compile_excess_is_the_compiling_steps_excess_over_the_median() -> None:
