@@ -30,6 +30,7 @@ def doctor(script: str, *args: str, steps: int = 10, warmup: int = 2) -> tuple[d
     return run.report.to_json(), run
 
 
+@pytest.mark.usefixtures("one_intra_op_thread")  # the step one core's work: decoding in the loop is the signal
 def test_seeds_before_loop_is_input_bound_with_num_workers_first(tiny_images: Path) -> None:
     report, run = doctor("before_loop.py", str(tiny_images / "train"))
     assert run.exit_code == 0 and report["script"]["outcome"].startswith("stopped after 10 measured steps")
@@ -43,20 +44,23 @@ def test_seeds_before_loop_is_input_bound_with_num_workers_first(tiny_images: Pa
     assert report["samples_per_s"] > 0 and report["steps_measured"] == 10
 
 
+@pytest.mark.usefixtures("one_intra_op_thread")
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # more workers than cores: the fix
 def test_following_the_num_workers_fix_raises_throughput(tiny_images: Path) -> None:
-    """The measured throughput rises when the script is re-run with the recommended worker count."""
-    before, _ = doctor("before_loop.py", str(tiny_images / "train"), steps=20)
+    """The measured throughput rises when the script is re-run with the recommended worker count. Each file's read
+    waits 5 ms before its decode (slow storage): the workers' gain is the reads they overlap, which needs no free
+    core. (On decoding alone, two runs compared one after the other on a machine whose cores other processes kept
+    busy measured the gain of cores that were not there, and the noise of the load between the runs.)"""
+    before, _ = doctor("before_loop.py", str(tiny_images / "train"), "--read-ms", "5", steps=20)
     fix = next(r for r in before["recommendations"] if r["id"] == "num_workers")["fix"]
     workers = re.search(r"num_workers=(\d+)", fix).group(1)
-    threads = re.search(r"set_num_threads\((\d+)\)", fix).group(1)  # on the CPU the fix says both
-    assert "persistent_workers=True" in fix
-    after, _ = doctor("before_loop.py", str(tiny_images / "train"), "--workers", workers, "--threads", threads,
+    assert "persistent_workers=True" in fix and int(workers) > 1
+    after, _ = doctor("before_loop.py", str(tiny_images / "train"), "--read-ms", "5", "--workers", workers,
                       "--persistent-workers", steps=20)
     assert after["loaders"][0]["num_workers"] == int(workers)
     assert after["samples_per_s"] > 1.2 * before["samples_per_s"]
-    # Two workers on two cores still leave the loader the limit: the share of time waiting stays ~0.85-0.93 in
-    # both runs and its order is noise (0.76 -> 0.85 seen). The wait per sample is what the fix cuts: measured
-    # 2.2-2.9 -> 1.3-1.4 ms.
+    # the loop waits for the loader in both runs (its model is tiny), so the share of time waiting stays high and
+    # its order is noise; the wait per sample is what the fix cuts
     assert wait_per_sample(after) < wait_per_sample(before)
 
 
@@ -94,9 +98,12 @@ def test_worker_start_methods(tiny_images: Path, context: str) -> None:
 def test_workers_restarted_every_few_steps_are_periodic_steps_not_noise() -> None:
     """A `cycle(loader)` generator re-iterates a loader of 2 workers that do not persist every 5 steps (a diffusion
     trainer's loop): each epoch's first step is slow, measured as such, and costed for persistent_workers from its
-    excess, not from iter() to the first batch; no machine is blamed unless other processes used the CPU."""
-    run = run_doctor(str(SCRIPTS / "cycle_loader.py"), args=["--per-epoch", "5"], steps=18, warmup=2,
-                     probe_gains=False)
+    excess, not from iter() to the first batch; no machine is blamed unless other processes used the CPU. Each
+    worker's start waits 0.3 s (a sleep, as a dataset opening its files does): the restart's cost stands out of the
+    other steps' spread however busy the cores are (the fork and the workers' CPU work alone were lost in it when
+    other processes kept both cores busy: no period found)."""
+    run = run_doctor(str(SCRIPTS / "cycle_loader.py"), args=["--per-epoch", "5", "--start-ms", "300"], steps=18,
+                     warmup=2, probe_gains=False)
     report = run.report.to_json()
     assert run.exit_code == 0 and report["steps_measured"] == 18
     periodic, starts = report["observed"]["periodic"], report["observed"]["epoch_starts"]
@@ -159,6 +166,7 @@ def test_pytorch_lightning_script() -> None:
     assert report["loaders"][0]["dataset"] == "TensorDataset"
 
 
+@pytest.mark.usefixtures("one_intra_op_thread")
 def test_cli_doctor_json_contract(tiny_images: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "report.json"
     code = main(["doctor", "--steps", "5", "--warmup", "1", "--json", str(out), str(SCRIPTS / "before_loop.py"),
