@@ -38,7 +38,7 @@ LIST_OF_OBJECTS = textwrap.dedent("""
 
     model = nn.Linear(16, 10)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(Records(1_000_000), batch_size=64, shuffle=True, num_workers=2)
+    loader = DataLoader(Records(1_000_000), batch_size=256, shuffle=True, num_workers=2)
     for epoch in range(10):  # one epoch outlasts the run
         for x, y in loader:
             loss = nn.functional.cross_entropy(model(x), y)

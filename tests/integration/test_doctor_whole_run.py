@@ -5,6 +5,7 @@ TensorBoard's own reader."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,13 +18,16 @@ SCRIPTS = Path(__file__).parent / "scripts"
 @pytest.mark.slow
 def test_whole_run_phases_match_the_scripts_own_timing_and_the_evaluation_fix_is_measured(tmp_path: Path) -> None:
     report_path, board = tmp_path / "report.json", tmp_path / "board"
-    # evaluation every 2 steps on 8 batches of 512: a larger share than training, in fp32 while training runs bf16
+    # evaluation every 2 steps on 8 batches of 512: a larger share than training, in fp32 while training runs bf16.
+    # One intra-op thread (as benchmarks/whole_run_overhead.py runs it): on two, with other processes busy on both
+    # cores, the training steps' small ops waited on each other's thread until training outweighed evaluation
+    # (1.10 s against 1.02 s), and fewer threads was measured faster than any other fix.
     run = subprocess.run(
         [sys.executable, "-m", "trainfast", "doctor", "--whole-run", "--steps", "10", "--warmup", "2",
          "--json", str(report_path), "--tensorboard", str(board), str(SCRIPTS / "whole_run_loop.py"), "--",
          "--epochs", "3", "--samples", "512", "--width", "512", "--eval-every", "2", "--eval-batches", "8",
          "--eval-batch-size", "512",
-         "--save-every", "10"], capture_output=True, text=True, timeout=170)
+         "--save-every", "10"], capture_output=True, text=True, timeout=170, env=os.environ | {"OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stderr[-3000:]
     truth = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("truth "))[6:])
     report = json.loads(report_path.read_text())
@@ -51,8 +55,9 @@ def test_whole_run_phases_match_the_scripts_own_timing_and_the_evaluation_fix_is
     assert trial["id"] == "eval_autocast" and trial["rounds"] >= 3 and trial["factor"] is not None
     ids = [r["id"] for r in report["recommendations"]]
     if "eval_autocast" in ids:  # measured, it ranks above every estimate
-        top = report["recommendations"][0]
-        assert top["id"] == "eval_autocast" and top["gain_basis"] == "measured" and top["run_gain"] >= 1.02
+        at = ids.index("eval_autocast")
+        ahead = report["recommendations"][:at + 1]
+        assert all(r["gain_basis"] == "measured" for r in ahead) and ahead[-1]["run_gain"] >= 1.02, ahead
     elif trial["factor"] >= 1.03 and 2 * trial["faster_rounds"] > trial["rounds"]:
         pass  # faster, but its gain on the whole run is below MIN_GAIN (a small factor on part of the evaluation)
     else:  # a CPU without native bf16: slower under autocast, so not offered, and said so
