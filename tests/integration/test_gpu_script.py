@@ -20,29 +20,35 @@ import psutil
 import pytest
 import torch
 
+from trainfast.data.synthetic import DemoSize, demo_dir, ensure_demo_dataset
+
 REPO = Path(__file__).resolve().parents[2]
 GPU_SH = REPO / "benchmarks" / "gpu.sh"
 MIN_GPU_TESTS = 12
 NO_CUDA = "needs a CUDA device; this machine has none"  # tests/conftest.py's skip reason
 # Inductor's first compile of a small model on a GPU, fwd + bwd, nothing cached: 40-90 s.
 COLD_COMPILE_S = 90
+SMALLER_QUICK = DemoSize(name="quick", train_per_class=48, val_per_class=8)
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: gpu.sh would run")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("size", ["small", pytest.param("full", marks=pytest.mark.stress)])
-def test_gpu_script_runs_every_part_on_the_cpu(size: str, demo_cache: Path, tiny_images: Path,
-                                               tmp_path: Path) -> None:
+def test_gpu_script_runs_every_part_on_the_cpu(size: str, demo_cache: Path, tiny_images: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Its bench and demo parts are the real `trainfast bench --quick` and `trainfast demo --quick`, run here as the
     CLI runs them, and their reports are checked in full. make test runs them smaller (bench on the tiny dataset with
-    4 steps a row, the demo for 1 of its 3 epochs), make stress at gpu.sh's size, where both of the demo's runs must
-    also learn (after one epoch of 25 steps both are still at chance on the CPU)."""
+    4 steps a row, the demo for 1 of its 3 epochs on a smaller demo dataset: 48 training and 8 validation images per
+    class in the place of the quick dataset's 160 and 40, in a cache of the test's own), make stress at gpu.sh's
+    size, where both of the demo's runs must also learn (after one epoch of 25 steps both are still at chance on the
+    CPU)."""
     out = tmp_path / "out"
     env = os.environ | {"OUT": str(out), "PYTHON": sys.executable, "ALLOW_CPU": "1",  # the CPU smoke test, on purpose
                         "SUITE_ARGS": "--device cpu --tiny", "LIMIT_SCALE": "3", "TRAINFAST_CACHE": str(demo_cache)}
     if size == "small":
-        env |= {"BENCH_ARGS": f"--steps 4 --data {tiny_images}", "DEMO_ARGS": "--epochs 1"}
+        env |= {"BENCH_ARGS": f"--steps 4 --data {tiny_images}", "DEMO_ARGS": "--epochs 1",
+                "TRAINFAST_CACHE": str(smaller_quick_dataset(tmp_path / "cache", monkeypatch))}
     rc, stdout, stderr, _ = run_script(env, timeout=580)
     assert rc == 0, stdout[-4000:] + stderr[-2000:]
     assert "== ALLOW_CPU=1: CUDA is not available" in stdout, stdout[:2000]
@@ -63,7 +69,7 @@ def test_gpu_script_runs_every_part_on_the_cpu(size: str, demo_cache: Path, tiny
     demo = json.loads((out / "demo.json").read_text())
     assert [r["name"] for r in demo["runs"]] == ["naive", "trainfast"]
     naive, fast = demo["runs"]
-    assert naive["steps"] == fast["steps"] > 0
+    assert naive["steps"] == fast["steps"] == (SMALLER_QUICK.train_per_class * 10 // 64 if size == "small" else 25)
     for run in demo["runs"]:
         assert {"samples_per_s", "data_wait_fraction", "steps", "final_loss", "val_accuracy"} <= set(run)
         assert 0 <= run["val_accuracy"] <= 1
@@ -88,6 +94,14 @@ def test_gpu_script_runs_every_part_on_the_cpu(size: str, demo_cache: Path, tiny
     assert int(junit.get("failures", 0)) == int(junit.get("errors", 0)) == 0
     reasons = [skip.get("message", "") for skip in junit.iter("skipped")]
     assert len(reasons) == tests and all(NO_CUDA in r for r in reasons), reasons[:3]
+
+
+def smaller_quick_dataset(cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache whose "quick" demo dataset is `SMALLER_QUICK`: `trainfast demo --quick` finds it complete and trains on
+    it (the same code on fewer images)."""
+    monkeypatch.setenv("TRAINFAST_CACHE", str(cache))
+    ensure_demo_dataset(SMALLER_QUICK, root=demo_dir("quick"), processes=1)
+    return cache
 
 
 def run_script(env: dict[str, str], timeout: float) -> tuple[int | None, str, str, float]:
