@@ -134,7 +134,7 @@ def test_sigterm_to_torchrun_with_workers_and_slow_steps_stops_within_seconds(tm
     marker = tmp_path / "training"
     args = [str(SCRIPT), "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"), "--workers", "1",
             "--log-every", "50"]
-    status, seconds, stderr = stop_within_seconds(torchrun(*args, "--slow", "1", "--marker", str(marker)), marker,
+    status, seconds, stderr = stop_within_seconds(torchrun(*args, "--slow", "0.3", "--marker", str(marker)), marker,
                                                   lambda proc: proc.send_signal(signal.SIGTERM))
     assert status != 0 and seconds < 10, (status, seconds, stderr[-3000:])
     assert_stopped_here_and_resumes(tmp_path, stderr, torchrun(*args, "--slow", "0.001", "--resume"), 12, ranks=True)
@@ -145,7 +145,7 @@ def test_sigterm_to_a_single_process_group_with_workers_stops_cleanly(tmp_path: 
     marker = tmp_path / "training"
     args = [sys.executable, str(SCRIPT), "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
             "--workers", "2", "--log-every", "50"]
-    status, seconds, stderr = stop_within_seconds([*args, "--slow", "0.5", "--marker", str(marker)], marker,
+    status, seconds, stderr = stop_within_seconds([*args, "--slow", "0.2", "--marker", str(marker)], marker,
                                                   lambda proc: os.killpg(proc.pid, signal.SIGTERM))
     assert status == 143 and seconds < 10, (status, seconds, stderr[-3000:])
     assert_stopped_here_and_resumes(tmp_path, stderr, [*args, "--slow", "0.001", "--resume"], 24, ranks=False)

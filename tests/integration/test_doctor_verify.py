@@ -25,7 +25,7 @@ def test_cli_doctor_verify_measures_more_workers_on_the_slow_loop(tiny_images: P
     model's step took as long as the decode: one worker was proposed); with 5 ms reads the main thread's time queued
     for a core decided between 2 workers and 6."""
     out = tmp_path / "report.json"
-    code = main(["doctor", "--verify", "--steps", "8", "--warmup", "2", "--max-seconds", "60", "--json", str(out),
+    code = main(["doctor", "--verify", "--steps", "4", "--warmup", "1", "--max-seconds", "60", "--json", str(out),
                  str(SCRIPTS / "before_loop.py"), "--", str(tiny_images / "train"), "--read-ms", "20",
                  "--threads", "1"])
     assert code == 0

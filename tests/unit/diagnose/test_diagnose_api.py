@@ -15,7 +15,6 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from trainfast import Doctor, diagnose
 
-
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
