@@ -89,8 +89,8 @@ def doctor(script: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, step
     seen: dict[str, Any] = {}
     measure = measured_module.worker_private_growth
 
-    def spy(monitor: Monitor | None, measuring_from: float | None) -> float | None:
-        seen["growth"] = growth = measure(monitor, measuring_from)
+    def spy(monitor: Monitor | None, measuring_from: float | None, measuring_to: float | None = None) -> float | None:
+        seen["growth"] = growth = measure(monitor, measuring_from, measuring_to)
         if monitor is not None and measuring_from is not None and monitor.started_at is not None:
             seen["since"] = measuring_from - monitor.started_at
             seen["series"] = {m: monitor.series(m) for m in monitor.metrics() if m.startswith("workers.")}

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from trainfast.diagnose.evidence.evidence import Evidence
+from trainfast.diagnose.evidence.monitored import worker_private_growth
 from trainfast.diagnose.fixes import recommend
 from trainfast.diagnose.fixes.notes import not_offered
 from trainfast.diagnose.fixes.notes import unaddressed_input as why_no_input_fix
@@ -15,6 +16,7 @@ from trainfast.diagnose.records.findings import Verdict
 from trainfast.diagnose.records.steps import Fractions, LoaderStats
 from trainfast.diagnose.records.trials import Trial, Trials
 from trainfast.diagnose.verdict import precision_may_pay, with_peak
+from trainfast.monitor.series import Series
 
 
 def loader(**overrides: Any) -> LoaderStats:
@@ -321,3 +323,15 @@ def test_the_scripts_channels_last_is_reversed_when_nchw_measured_faster() -> No
     rec = next(r for r in recommend(replace(nhwc, trials=Trials(trials={"contiguous": trial("contiguous", 1.3)})))
                if r.id == "contiguous")
     assert rec.gain_basis == "measured" and rec.expected_gain == pytest.approx(1.3)
+
+
+def test_worker_growth_is_read_while_measuring_not_as_the_workers_shut_down() -> None:
+    """Copied pages grow steadily while measuring; the sample taken as the run stopped, its workers still counted
+    but half gone, would read as a fall and hide the growth (0.0)."""
+    times = [float(t) for t in range(12)]
+    private = [100.0 * 2**20 + t * 20 * 2**20 for t in range(11)] + [40.0 * 2**20]  # the last: shutting down
+    monitor = Series(started_at=1000.0, by_metric={"workers.private_bytes": (times, private),
+                                                   "workers.count": (times, [2.0] * 12),
+                                                   "workers.started": (times, [2.0] * 12)})
+    assert worker_private_growth(monitor, 1000.0) == 0.0  # the fall read in
+    assert worker_private_growth(monitor, 1000.0, 1010.5) == pytest.approx(20 * 2**20 * 60)

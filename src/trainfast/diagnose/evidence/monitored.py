@@ -46,13 +46,18 @@ def gpu_util(monitor: Series | None, timeline: TimelineRecord,
     return (statistics.fmean(known) if known else None), names
 
 
-def worker_private_growth(monitor: Series | None, measuring_from: float | None) -> float | None:
+def worker_private_growth(monitor: Series | None, measuring_from: float | None,
+                          measuring_to: float | None = None) -> float | None:
     """Sustained growth (bytes/min) of the warm workers' private memory while measuring: copy-on-read. Not their
-    RSS, which copied pages leave unchanged and restarted workers step up (see monitor.sources.PsutilSource)."""
-    since = since_start(monitor, measuring_from)
+    RSS, which copied pages leave unchanged and restarted workers step up (see monitor.sources.PsutilSource).
+    Samples after the measured steps are left out: workers shutting down as the run stops read as a drop."""
+    since, until = since_start(monitor, measuring_from), since_start(monitor, measuring_to)
     if monitor is None or since is None or "workers.private_bytes" not in monitor.metrics():
         return None
     times, values = monitor.series("workers.private_bytes")  # not in every sample: matched to the others by time
+    if until is not None:
+        kept = [i for i, t in enumerate(times) if t <= until]
+        times, values = [times[i] for i in kept], [values[i] for i in kept]
     counts, started = (dict(zip(*monitor.series(m), strict=True)) for m in ("workers.count", "workers.started"))
     if any(t not in counts or t not in started for t in times):
         return None
