@@ -107,9 +107,9 @@ class Instrumentation:
     def __exit__(self, *exc: object) -> None:
         if self.ledger is not None:
             self.ledger.uninstall()
-        while self._undo:
-            self._undo.pop()()
         self.timeline.finish()  # the last step, waiting for an iteration that will not come
+        while self._undo:  # (after it: closing the last step may hook the model's class, a patch to take back too)
+            self._undo.pop()()
         if not self.observed.dynamo_at_end:  # the measured steps ended with the run (no step limit, or too few)
             self.observed.dynamo_at_end = dynamo_counts()
             self.observed.workers_at_end = self.worker_clock.totals()
