@@ -31,6 +31,7 @@ def bench_main(*argv: str) -> int:
 def test_bench_writes_json_markdown_and_png(tiny_images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(bench, "QUICK_BENCH", TINY_SPEC)
+    monkeypatch.setenv("COLUMNS", "1000")  # rich folds a line at the console width, a long temporary path included
     out = tmp_path / "out"
     assert bench_main("--quick", "--data", str(tiny_images), "--json", str(out / "b.json"), "--markdown",
                       str(out / "b.md"), "--plot", str(out / "b.png")) == 0

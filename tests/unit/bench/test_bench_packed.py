@@ -88,14 +88,15 @@ def test_bench_cli_on_a_packed_folder_says_what_each_side_read(tmp_path: Path, m
     # the workers and precision rows are measured by the tests above and test_bench_sweeps; only the data flow here
     monkeypatch.setattr(sweeps, "measure_workers", lambda *args, **kwargs: [])
     monkeypatch.setattr(sweeps, "measure_precision", lambda *args, **kwargs: [])
+    monkeypatch.setenv("COLUMNS", "1000")  # rich folds a line at the console width, a long temporary path included
     out = tmp_path / "b.json"
     assert main(["bench", "--quick", "--data", str(root), "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     shards = len(list((root / "train").glob("shard-*.tar")))
+    text = " ".join(printed.split())
     assert (f"data: {root}, packed by 'trainfast pack': 16 images in {shards} shard(s), shorter side at most 18 px; "
             "the workers rows and both naive vs trainfast runs read the packed shards (the naive run decodes them in "
-            "full, in the main process)") in printed
-    text = " ".join(printed.split())  # rich wraps the notes and the naive vs trainfast line at the console width
+            "full, in the main process)") in text
     assert f"data: {root}/train, packed by 'trainfast pack'" in text  # the workers table's note
     assert "both read the packed shards ('trainfast pack'), the naive run decoding them in full" in text
     report = json.loads(out.read_text())

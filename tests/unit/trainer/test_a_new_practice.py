@@ -23,7 +23,7 @@ from trainfast.trainer.loop import Trainer
 from trainfast.trainer.practice import AB, CYCLES, Choice, Plan, Practice, Settings, median_times
 from trainfast.trainer.step import LossOf
 
-DELAY_S = 0.015  # a napping step's extra time: far above a 2-core CPU's step-to-step noise
+DELAY_S = 0.05  # a napping step's extra time: far above a busy 2-core CPU's step-to-step noise (15 ms was not)
 STEPS = 30  # per epoch: over MIN_RUN_MULTIPLE x CYCLES, so the A/B runs
 
 
