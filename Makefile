@@ -19,12 +19,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: install
 	$(VENV)/bin/trainfast demo
 
-# the whole suite, as CI runs it, in TEST_WORKERS processes a file at a time (its tests in order): most of its time
-# is subprocesses starting (torch's import, ~1.8 s of CPU each) and scripts that sleep, which two overlap (479-515 s
-# in one process on 2 cores, 357 s in two); the 25 slowest tests are listed so that growth is visible
-TEST_WORKERS ?= 2
+# the whole suite, as CI runs it; the 25 slowest tests are listed so that growth is visible
 test: install bytecode
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
+	$(PY) -m pytest --durations=25
 
 # the inner loop: the unit tests not marked slow (under 90 s on 2 cores; `make test` runs them all)
 test-fast: install bytecode

@@ -10,9 +10,9 @@ way in the same run. Measured here: 15-20 us per step, 3.0-3.9 % of a 0.5 ms Lin
 ragged tensors).
 
 That line is a benchmark's, not a bound load leaves alone: with two busy loops beside it on 2 cores, 40 pairs took
-110 s a run and measured 2.7-5.5 %. `make test` runs the small twin, 6 pairs, against a bound five times the
-figures measured under that load: it fails where the hooks cost several times what they do, not where the machine
-is busy.
+110 s a run and measured 2.7-5.5 %. `make test` runs the small twin, 6 pairs (up to three times), against a bound five times
+the figures measured under that load: it fails where the hooks cost several times what they do, not where the
+machine is busy.
 """
 
 from __future__ import annotations
@@ -41,9 +41,16 @@ def measure(out: Path, pairs: int) -> dict:
 
 @pytest.mark.slow
 def test_hooks_cost_a_bounded_share_of_a_tiny_step(tmp_path: Path) -> None:
-    result = measure(tmp_path / "small.json", pairs=6)
-    assert result["pairs"] == 6 and result["tiny_step_us"] > 0 and result["discovery_ms"] > 0, result
-    assert result["hook_cost_us"] < GROSS * result["tiny_step_us"], result
+    # up to three attempts, the best counting (as below): with another test's processes beside it, one run of 6
+    # pairs measured 29 %
+    results = []
+    for attempt in range(3):
+        results.append(measure(tmp_path / f"small-{attempt}.json", pairs=6))
+        if results[-1]["hook_cost_fraction"] < GROSS:
+            break
+    best = min(results, key=lambda r: r["hook_cost_fraction"])
+    assert best["pairs"] == 6 and best["tiny_step_us"] > 0 and best["discovery_ms"] > 0, best
+    assert best["hook_cost_us"] < GROSS * best["tiny_step_us"], results
 
 
 @pytest.mark.slow
