@@ -19,13 +19,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: install
 	$(VENV)/bin/trainfast demo
 
-# the whole suite, as CI runs it, in TEST_WORKERS processes: most of its time is subprocesses starting (torch's
-# import, ~1.8 s of CPU each) and scripts that sleep, which two processes overlap (on 2 quiet cores: 357 s, against
-# 479-515 s in one). worksteal hands each process half the list (the integration tests beside the unit tests) and
-# rebalances at the end; the 25 slowest tests are listed so that growth is visible
-TEST_WORKERS ?= 2
+# the whole suite, as CI runs it; the 25 slowest tests are listed so that growth is visible
 test: install bytecode
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25
+	$(PY) -m pytest --durations=25
 
 # the inner loop: the unit tests not marked slow (under 90 s on 2 cores; `make test` runs them all)
 test-fast: install bytecode
