@@ -10,9 +10,9 @@ way in the same run. Measured here: 15-20 us per step, 3.0-3.9 % of a 0.5 ms Lin
 ragged tensors).
 
 That line is a benchmark's, not a bound load leaves alone: with two busy loops beside it on 2 cores, 40 pairs took
-110 s a run and measured 2.7-5.5 %. `make test` runs the small twin, 6 pairs (up to three times), against a bound five times
-the figures measured under that load: it fails where the hooks cost several times what they do, not where the
-machine is busy.
+110 s a run and measured 2.7-5.5 %. `make test` runs the small twin, 6 pairs (up to three times), against a bound
+five times the figures measured under that load: it fails where the hooks cost several times what they do, not
+where the machine is busy.
 """
 
 from __future__ import annotations
