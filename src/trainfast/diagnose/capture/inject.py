@@ -113,8 +113,16 @@ def _autocast_off(stack: ExitStack) -> None:
     stack.enter_context(mock.patch.object(cls, "__init__", disabled))
 
 
+class Injected:
+    """What happened to the fixes while `apply_overrides` was active, in words (`events`): the model it found, a
+    compile that fell back to eager and why. Read it after the script ran."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+
 @contextmanager
-def apply_overrides(overrides: Mapping[str, Any]) -> Iterator[None]:
+def apply_overrides(overrides: Mapping[str, Any]) -> Iterator[Injected]:
     """While active: every DataLoader constructed takes the loader overrides, torch runs with `threads`
     intra-op threads (the script's own torch.set_num_threads calls are ignored), cudnn.benchmark and TF32 as
     given, and autocast off where `autocast` is false. Everything is put back on exit, also on an exception.
@@ -133,4 +141,4 @@ def apply_overrides(overrides: Mapping[str, Any]) -> Iterator[None]:
             set_tf32(checked["tf32"])  # either API, as the user's settings read (torch >= 2.9 has two)
         if checked.get("autocast") is False:
             _autocast_off(stack)
-        yield
+        yield Injected()
