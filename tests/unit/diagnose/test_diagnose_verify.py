@@ -133,7 +133,7 @@ def test_the_scripts_autocast_runs_disabled(restored: None) -> None:
             assert (ones @ ones).dtype == torch.float32
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert (ones @ ones).dtype == torch.bfloat16
-    with pytest.raises(ValueError, match="only false"), apply_overrides({"autocast": True}):
+    with pytest.raises(ValueError, match="give false"), apply_overrides({"autocast": True}):
         pass
 
 

@@ -1,5 +1,6 @@
 """`doctor --verify` from the parent's side: refused under torchrun (its children would inherit the rank's RANK,
-WORLD_SIZE, MASTER_* and torchrun's store), and the parent's device memory handed back before the children start."""
+WORLD_SIZE, MASTER_* and torchrun's store), the parent's device memory handed back before the children start, and
+the fixes verified faster measured again together (the children's figures given)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from trainfast.cli import main
 from trainfast.diagnose.records.findings import Recommendation
-from trainfast.diagnose.report import verify
+from trainfast.diagnose.report import verify, verify_runs
 from trainfast.diagnose.report.verify import verify_fixes
 
 FIX = Recommendation("num_workers", "t", "w", "f", 1.5, overrides={"num_workers": 2})
@@ -89,7 +90,7 @@ def test_the_parent_frees_its_device_memory_before_the_first_child(tmp_path: Pat
     def run_child(label: str, overrides: Any, spec: Any, **kwargs: Any) -> dict[str, Any]:
         events.append(f"child {label}")
         return {"fix": label, "samples_per_s": 100.0, "error": None, "seconds": 0.0}
-    monkeypatch.setattr(verify, "_run_child", run_child)
+    monkeypatch.setattr(verify, "run_child", run_child)
     verify_fixes(str(tmp_path / "train.py"), recommendations=[FIX], steps=5, warmup=1)
     assert events == ["gc", "empty_cache", "child baseline", "child num_workers", "child baseline"]
 
@@ -97,7 +98,7 @@ def test_the_parent_frees_its_device_memory_before_the_first_child(tmp_path: Pat
 def test_without_cuda_initialised_the_cache_is_left_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Asking CUDA anything would create a context (hundreds of MB) in a parent that never used the GPU."""
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: pytest.fail("empty_cache without CUDA initialised"))
-    monkeypatch.setattr(verify, "_run_child", lambda label, *a, **k: {"fix": label, "samples_per_s": 1.0,
+    monkeypatch.setattr(verify, "run_child", lambda label, *a, **k: {"fix": label, "samples_per_s": 1.0,
                                                                        "error": None, "seconds": 0.0})
     verify_fixes(str(tmp_path / "train.py"), recommendations=[FIX], steps=5, warmup=1)
 
@@ -105,8 +106,51 @@ def test_without_cuda_initialised_the_cache_is_left_alone(tmp_path: Path, monkey
 def test_a_run_whose_spec_cannot_be_written_is_an_error_row_not_a_traceback(tmp_path: Path) -> None:
     workdir = tmp_path / "a-file"
     workdir.write_text("")  # writing under it raises a real OSError, as a full temporary folder would
-    run = verify._run_child("more workers", {"num_workers": 2}, {"target": "x.py"}, workdir=workdir, name="run000",
-                            env={}, cwd=str(tmp_path), timeout_s=5)
+    run = verify_runs.run_child("more workers", {"num_workers": 2}, {"target": "x.py"}, workdir=workdir, name="run000",
+                               env={}, cwd=str(tmp_path), timeout_s=5)
     assert run["samples_per_s"] is None and run["fix"] == "more workers"
     assert run["error"].startswith(f"not run: its spec could not be written in {str(workdir)!r}"), run["error"]
     assert "TMPDIR" in run["error"]
+
+
+def _children(rates: dict[str, list[float]]) -> Any:
+    """Children whose samples/s are given per label, in turn (a label's list is used up run by run)."""
+    left = {label: list(values) for label, values in rates.items()}
+
+    def run_child(label: str, overrides: Any, spec: Any, **kwargs: Any) -> dict[str, Any]:
+        return {"fix": label, "overrides": overrides, "samples_per_s": left[label].pop(0), "error": None,
+                "seconds": 0.0}
+    return run_child
+
+
+def test_the_fixes_verified_faster_are_measured_together_and_a_fix_that_adds_nothing_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """channels_last 1.5x and bf16 1.2x alone; together 1.52x, not 1.03x beyond channels_last alone: bf16's gain
+    vanishes in the set. A fix under 1.03x alone (threads) stays out of it. Each set run is measured against the
+    baselines on either side of it; its overrides are the members' merged, the first-ranked's value kept."""
+    fixes = [Recommendation("amp", "t", "w", "f", 1.3, overrides={"autocast": "bfloat16", "threads": 1}),
+             Recommendation("channels_last", "t", "w", "f", 1.4, overrides={"memory_format": "channels_last",
+                                                                           "threads": 2}),
+             Recommendation("threads", "t", "w", "f", 1.1, overrides={"threads": 2})]
+    monkeypatch.setattr(verify, "run_child", _children({
+        "baseline": [100.0, 100.0, 100.0, 100.0, 100.0, 104.0], "amp": [120.0, 118.0], "channels_last": [150.0, 151.0],
+        "threads": [101.0, 100.0], "set": [152.0, 155.0]}))
+    ranked, info = verify_fixes(str(tmp_path / "train.py"), recommendations=fixes, steps=5, warmup=1, repeats=2)
+    assert [r.id for r in ranked] == ["channels_last", "amp", "threads"]
+    together = info["set"]
+    assert together["ids"] == ["channels_last", "amp"]
+    assert together["overrides"] == {"memory_format": "channels_last", "threads": 2, "autocast": "bfloat16"}
+    assert together["dropped"] == ["amp's threads=1 left out: channels_last, ranked above it, sets threads=2"]
+    assert together["min"] == pytest.approx(155 / 102) and together["max"] == pytest.approx(1.52)
+    assert together["measured_repeats"] == 2 and together["vanished"] == ["amp"]
+    assert [r["fix"] for r in info["runs"]] == ["baseline", "amp", "channels_last", "threads", "baseline"] * 2 + [
+        "set", "baseline"] * 2
+    assert "amp gained nothing in the set" in verify.set_line(together)
+
+
+def test_one_fix_verified_faster_is_its_own_set_and_costs_no_more_runs(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(verify, "run_child", _children({"baseline": [100.0, 100.0], "num_workers": [180.0]}))
+    _, info = verify_fixes(str(tmp_path / "train.py"), recommendations=[FIX], steps=5, warmup=1)
+    assert info["set"]["ids"] == ["num_workers"] and info["set"]["median"] == pytest.approx(1.8)
+    assert len(info["runs"]) == 3 and "the set is num_workers" in verify.set_line(info["set"])

@@ -1,5 +1,7 @@
-"""What `trainfast doctor --verify` injects into the unmodified script to measure a fix: DataLoader arguments, intra-op
-threads, cudnn.benchmark, TF32, autocast off."""
+"""What `trainfast doctor --verify` injects into the unmodified script to measure a fix, and `trainfast run --apply`
+to keep it: DataLoader arguments, intra-op threads, cudnn.benchmark, TF32, the script's autocast off; the trained
+model's layout, bf16 autocast, compile and evaluation precision (capture/inject_model.py); checkpoints written in the
+background (capture/inject_save.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import functools
 import inspect
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 from unittest import mock
@@ -15,6 +17,8 @@ from unittest import mock
 import torch
 from torch.utils.data import DataLoader
 
+from trainfast.diagnose.capture.inject_model import Injected, ModelFixes, checked_dtype
+from trainfast.diagnose.capture.inject_save import BackgroundSaves
 from trainfast.trainer.settings import set_tf32, torch_settings
 
 log = logging.getLogger("trainfast.diagnose")
@@ -26,7 +30,13 @@ LOADER_KEYS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_fact
 SETTING_KEYS = ("threads", "cudnn_benchmark", "tf32", "autocast")
 
 
-VALID_KEYS = LOADER_KEYS + SETTING_KEYS
+MODEL_KEYS = ("memory_format", "compile", "eval_autocast", "async_checkpoint")
+
+
+VALID_KEYS = LOADER_KEYS + SETTING_KEYS + MODEL_KEYS
+
+
+LAYOUTS = ("channels_last", "contiguous")
 
 
 # DataLoader arguments only valid with worker processes: a num_workers=0 override drops them.
@@ -43,11 +53,43 @@ def check_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
             low = 0 if key == "num_workers" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"override {key}={value!r}: give an integer >= {low}")
+        elif key == "memory_format":
+            if value not in LAYOUTS:
+                raise ValueError(f"override memory_format={value!r}: give one of {', '.join(LAYOUTS)}")
+        elif key == "eval_autocast":
+            checked_dtype(key, value)
+        elif key == "autocast" and not isinstance(value, bool):
+            if value != "bfloat16":
+                raise ValueError(f"override autocast={value!r}: give false (the script's autocast off) or 'bfloat16' "
+                                 "(its model's training forwards under bf16 autocast; float16 needs a GradScaler "
+                                 "around the script's own backward and step, which cannot be injected)")
         elif not isinstance(value, bool):
             raise ValueError(f"override {key}={value!r}: give true or false")
         elif key == "autocast" and value:
-            raise ValueError("override autocast=true: only false (the script's autocast off) can be injected")
+            raise ValueError("override autocast=true: give false (the script's autocast off) or 'bfloat16'")
     return result
+
+
+def merge_overrides(fixes: Sequence[tuple[str, Mapping[str, Any]]]) -> tuple[dict[str, Any], list[str]]:
+    """Several fixes' overrides as one (the set a user would apply), in the order given (the report's rank): where
+    two set one key differently, the first wins, and a line says which fix's value was dropped."""
+    merged: dict[str, Any] = {}
+    owner: dict[str, str] = {}
+    dropped: list[str] = []
+    for fix_id, overrides in fixes:
+        for key, value in overrides.items():
+            if key not in merged:
+                merged[key], owner[key] = value, fix_id
+            elif merged[key] != value:
+                dropped.append(f"{fix_id}'s {key}={value!r} left out: {owner[key]}, ranked above it, sets "
+                               f"{key}={merged[key]!r}")
+    return merged, dropped
+
+
+def needs_model(overrides: Mapping[str, Any]) -> bool:
+    """Do the overrides act on the trained model (found at its first training forward: inject_model.py)?"""
+    return any(key in overrides for key in ("memory_format", "compile", "eval_autocast")) or isinstance(
+        overrides.get("autocast"), str)
 
 
 def loader_arguments(arguments: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -113,21 +155,16 @@ def _autocast_off(stack: ExitStack) -> None:
     stack.enter_context(mock.patch.object(cls, "__init__", disabled))
 
 
-class Injected:
-    """What happened to the fixes while `apply_overrides` was active, in words (`events`): the model it found, a
-    compile that fell back to eager and why. Read it after the script ran."""
-
-    def __init__(self) -> None:
-        self.events: list[str] = []
-
-
 @contextmanager
 def apply_overrides(overrides: Mapping[str, Any]) -> Iterator[Injected]:
     """While active: every DataLoader constructed takes the loader overrides, torch runs with `threads`
     intra-op threads (the script's own torch.set_num_threads calls are ignored), cudnn.benchmark and TF32 as
-    given, and autocast off where `autocast` is false. Everything is put back on exit, also on an exception.
-    Unknown keys raise ValueError."""
+    given, and autocast off where `autocast` is false; the trained model in `memory_format`, its training forwards
+    under bf16 autocast (`autocast="bfloat16"`), compiled (`compile`), its evaluation forwards under inference_mode and
+    `eval_autocast`; `torch.save` to a path written in the background (`async_checkpoint`). Everything is put back on
+    exit, also on an exception. Unknown keys raise ValueError."""
     checked = check_overrides(overrides)
+    injected = Injected()
     with ExitStack() as stack:
         stack.enter_context(torch_settings())  # puts back the thread count, cudnn.benchmark and TF32
         loader = {k: v for k, v in checked.items() if k in LOADER_KEYS}
@@ -141,4 +178,7 @@ def apply_overrides(overrides: Mapping[str, Any]) -> Iterator[Injected]:
             set_tf32(checked["tf32"])  # either API, as the user's settings read (torch >= 2.9 has two)
         if checked.get("autocast") is False:
             _autocast_off(stack)
-        yield Injected()
+        if checked.get("async_checkpoint"):
+            BackgroundSaves(injected.events).install(stack)
+        ModelFixes(checked, injected).install(stack)
+        yield injected

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
+from trainfast.diagnose.capture.inject_model import to_layout
 from trainfast.diagnose.records.trials import Trial, TrialRequest, Trials
 from trainfast.trainer.settings import torch_settings
 
@@ -136,9 +137,7 @@ def _in_layout(layout: torch.memory_format, part: Part, copied: bool = True) -> 
     model, inputs = part
     if copied:
         model = copy.deepcopy(model)
-    for t in [*model.parameters(), *model.buffers()]:
-        if t.dim() == 4:
-            t.data = t.data.contiguous(memory_format=layout)
+    to_layout(model, layout)
     return model, tree_map(lambda t: t.contiguous(memory_format=layout)
                            if isinstance(t, torch.Tensor) and t.dim() == 4 else t, inputs)
 

@@ -22,29 +22,25 @@ MASTER_* set by hand, each child hosts its own process group, one after the othe
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from trainfast.atomic import as_write_failure, write_json
-from trainfast.diagnose.capture.inject import LOADER_KEYS, check_overrides
+from trainfast.diagnose.capture.inject import check_overrides, merge_overrides
 from trainfast.diagnose.capture.stop import launched_ranks
 from trainfast.diagnose.fixes.rule import rank
 from trainfast.diagnose.records.findings import Recommendation
 from trainfast.diagnose.report.report import Report
+from trainfast.diagnose.report.verify_runs import child_env, run_child
+from trainfast.margin import FASTER
 
 log = logging.getLogger("trainfast.diagnose")
 
@@ -53,112 +49,7 @@ log = logging.getLogger("trainfast.diagnose")
 STARTUP_MARGIN_S = 60.0
 
 
-OUTPUT_TAIL_CHARS = 4000
-
-
 BASELINE = "baseline"
-
-
-def _child_env() -> dict[str, str]:
-    """The one environment every child gets: this process's, with this trainfast importable."""
-    env = dict(os.environ)
-    env["PYTHONUNBUFFERED"] = "1"  # the output tail survives a kill on timeout
-    package_root = str(Path(__file__).resolve().parents[2])
-    if Path(package_root).name not in ("site-packages", "dist-packages"):
-        paths = env.get("PYTHONPATH", "").split(os.pathsep) if env.get("PYTHONPATH") else []
-        if package_root not in paths:
-            env["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
-    return env
-
-
-def _tail(path: Path) -> str:
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - OUTPUT_TAIL_CHARS))
-            return f.read().decode(errors="replace").strip()
-    except OSError:
-        return ""
-
-
-def _end_group(proc: subprocess.Popen[bytes]) -> None:
-    """Kill the child's session (it, and any loader workers it left) if anything of it is still there."""
-    if hasattr(os, "killpg"):
-        with suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    elif proc.poll() is None:
-        proc.kill()
-
-
-def _applied(overrides: Mapping[str, Any], loaders: list[dict[str, Any]]) -> bool:
-    """Did the loader overrides reach a loader the steps used? (True when there are none to check.)"""
-    wanted = {k: v for k, v in overrides.items() if k in LOADER_KEYS}
-    if not wanted:
-        return True
-    if wanted.get("num_workers", 1) == 0 or not any(loader.get("num_workers") for loader in loaders):
-        wanted = {k: v for k, v in wanted.items() if k in ("num_workers", "pin_memory")}
-    return any(all(loader.get(k) == v for k, v in wanted.items()) for loader in loaders)
-
-
-def _run_child(label: str, overrides: Mapping[str, Any] | None, spec: dict[str, Any], *, workdir: Path, name: str,
-               env: dict[str, str], cwd: str, timeout_s: float | None) -> dict[str, Any]:
-    """One fresh-process doctor run; never raises for the script's or the child's failure."""
-    spec_path, out, log_path = (workdir / f"{name}.spec.json", workdir / f"{name}.out.json",
-                                workdir / f"{name}.log")
-    run: dict[str, Any] = {"fix": label, "overrides": dict(overrides) if overrides else None, "samples_per_s": None,
-                           "verdict": None, "data_wait_fraction": None, "exit_code": None, "seconds": 0.0,
-                           "error": None, "loaders": []}
-    try:
-        write_json(spec_path, spec | {"overrides": dict(overrides or {}), "out": str(out)})
-    except Exception as e:
-        failure = as_write_failure(e)
-        run["error"] = (f"not run: its spec could not be written in {str(workdir)!r} ({failure}); free space "
-                        "there or set TMPDIR to a folder with room")
-        return run
-    started = time.perf_counter()
-    timed_out = False
-    with log_path.open("wb") as output:
-        proc = subprocess.Popen([sys.executable, "-m", "trainfast.diagnose.run.child", str(spec_path)],
-                                stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                start_new_session=True)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            _end_group(proc)
-            returncode = proc.wait()
-    run["seconds"] = time.perf_counter() - started
-    tail = _tail(log_path)
-    last = tail.splitlines()[-1] if tail else ""
-    if timed_out:
-        run.update(error=f"timed out after {timeout_s:g} s and was killed" + (f"; last output: {last}" if last else ""),
-                   output_tail=tail)
-        return run
-    try:
-        result = json.loads(out.read_text())
-    except (OSError, ValueError):
-        run.update(error=f"the verify process exited with code {returncode} without a report"
-                   + (f": {last}" if last else ""), output_tail=tail)
-        return run
-    report = result.get("report") or {}
-    loaders = [{k: loader.get(k) for k in ("index", "kind", *LOADER_KEYS)} for loader in report.get("loaders", [])]
-    run.update(samples_per_s=report.get("samples_per_s"), verdict=report.get("verdict"),
-               data_wait_fraction=report.get("data_wait_fraction"), exit_code=result.get("exit_code"),
-               loaders=loaders)
-    if result.get("exit_code"):
-        lines = (result.get("error") or "").strip().splitlines() or [f"exit code {result.get('exit_code')}"]
-        run["error"] = f"the script failed: {lines[-1]}"
-    elif not run["samples_per_s"]:
-        run["error"] = ("its samples could not be counted (no tensor found in the batches), so runs cannot be "
-                        "compared by samples/s" if report.get("steps_measured") else
-                        f"nothing measured: {report.get('verdict_reason') or 'no training step'}")
-    elif overrides and not _applied(overrides, loaders):
-        run["error"] = (f"the overrides {dict(overrides)} did not reach a DataLoader the measured steps used "
-                        f"(loaders: {loaders})")
-    if run["error"]:
-        run["output_tail"] = tail
-    return run
 
 
 def torchrun_refusal(target: str, *, module: bool, env: Mapping[str, str] | None = None) -> str | None:
@@ -189,13 +80,35 @@ def _fmt_overrides(overrides: Mapping[str, Any] | None) -> str:
     return ", ".join(f"{k}={v}" for k, v in (overrides or {}).items())
 
 
+def _record(label: str, overrides: dict[str, Any] | None, say: Callable[[str], None], runs: list[dict[str, Any]],
+            total: int, **child: Any) -> dict[str, Any]:
+    """One child run (`_run_child`), said before and after, appended to `runs`."""
+    n = len(runs) + 1
+    what = "baseline (the script unchanged)" if overrides is None else f"{label} ({_fmt_overrides(overrides)})"
+    say(f"verify {n}/{total}: {what} ...")
+    run = run_child(label, overrides, name=f"run{n:03d}", **child)
+    runs.append(run)
+    if run["error"]:
+        say(f"verify {n}/{total}: {label} failed after {run['seconds']:.1f} s: {run['error']}")
+    else:
+        say(f"verify {n}/{total}: {label}: {run['samples_per_s']:,.1f} samples/s in {run['seconds']:.1f} s")
+    return run
+
+
+def _gain(values: list[float], error: str | None = None) -> dict[str, Any]:
+    return {"median": statistics.median(values) if values else None, "min": min(values, default=None),
+            "max": max(values, default=None), "measured_repeats": len(values), "error": None if values else error}
+
+
 def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | None = None,
                  recommendations: Sequence[Recommendation], steps: int = 30, warmup: int = 5,
-                 max_seconds: float | None = 300.0, repeats: int = 1, progress: Callable[[str], None] | None = None,
+                 max_seconds: float | None = 300.0, repeats: int = 1, whole_run: bool = False,
+                 progress: Callable[[str], None] | None = None,
                  startup_margin_s: float = STARTUP_MARGIN_S) -> tuple[list[Recommendation], dict[str, Any]]:
-    """Re-run `target` per fix with `overrides` (fresh processes, ABA with a baseline); return the
-    recommendations with `measured_gain` filled and ranked (fixes/rule.py `rank`), and the record for
-    `Report.verify`."""
+    """Re-run `target` per fix with `overrides` (fresh processes, ABA with a baseline), then the set of fixes
+    verified faster applied at once (`SET`, each repeat followed by one more baseline); return the recommendations
+    with `measured_gain` filled and ranked (fixes/rule.py `rank`), and the record for `Report.verify`. `whole_run`:
+    each child runs the script to its end, and a run's figure is its samples over its whole wall time."""
     if repeats < 1:
         raise ValueError(f"repeats={repeats!r}: give 1 or more")
     refusal = torchrun_refusal(target, module=module)
@@ -213,10 +126,9 @@ def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | Non
             except ValueError as e:
                 invalid[r.id] = str(e)
     info: dict[str, Any] = {"runs": runs, "baseline_samples_per_s": [], "gains": {}, "seconds": 0.0,
-                            "repeats": repeats, "steps": steps, "warmup": warmup, "baseline_drift": []}
-    gains: dict[str, dict[str, Any]] = {
-        r.id: {"median": None, "min": None, "max": None, "measured_repeats": 0, "error": invalid.get(r.id)}
-        for r in recommendations if r.overrides}
+                            "repeats": repeats, "steps": steps, "warmup": warmup, "baseline_drift": [],
+                            "whole_run": whole_run, "set": None}
+    gains: dict[str, dict[str, Any]] = {r.id: _gain([], invalid.get(r.id)) for r in recommendations if r.overrides}
     info["gains"] = gains
     if not fixes:
         info["note"] = "no fix could be injected into the script: nothing was re-run"
@@ -226,63 +138,109 @@ def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | Non
                                                      (BASELINE, None)]
     total = len(plan) * repeats
     spec = {"target": target, "module": module, "args": list(args or []), "steps": steps, "warmup": warmup,
-            "max_seconds": max_seconds}
-    env, cwd = _child_env(), os.getcwd()
+            "max_seconds": max_seconds, "whole_run": whole_run}
     timeout_s = None if max_seconds is None else max_seconds + startup_margin_s
     ratios: dict[str, list[float]] = {r.id: [] for r, _ in fixes}
+    errors: dict[str, str] = {}
     _free_device_memory()
     with tempfile.TemporaryDirectory(prefix="trainfast-verify-") as tmp:
+        child = {"spec": spec, "workdir": Path(tmp), "env": child_env(), "cwd": os.getcwd(), "timeout_s": timeout_s}
         for repeat in range(repeats):
-            this_repeat: list[dict[str, Any]] = []
-            for label, overrides in plan:
-                n = len(runs) + 1
-                what = "baseline (the script unchanged)" if overrides is None else \
-                    f"fix {label} ({_fmt_overrides(overrides)})"
-                say(f"verify {n}/{total}: {what} ...")
-                run = _run_child(label, overrides, spec, workdir=Path(tmp), name=f"run{n:03d}", env=env, cwd=cwd,
-                                 timeout_s=timeout_s)
-                run["repeat"] = repeat
-                runs.append(run)
-                this_repeat.append(run)
-                if run["error"]:
-                    say(f"verify {n}/{total}: {label} failed after {run['seconds']:.1f} s: {run['error']}")
-                else:
-                    say(f"verify {n}/{total}: {label}: {run['samples_per_s']:,.1f} samples/s "
-                        f"in {run['seconds']:.1f} s")
+            this_repeat = [_record(label, overrides, say, runs, total, **child) | {"repeat": repeat}
+                           for label, overrides in plan]
+            runs[-len(plan):] = this_repeat
             bases = [r for r in this_repeat if r["fix"] == BASELINE]
             info["baseline_samples_per_s"].extend(r["samples_per_s"] for r in bases)
             good = [r["samples_per_s"] for r in bases if not r["error"]]
             if len(good) == 2:
                 info["baseline_drift"].append(good[1] / good[0])
-            if not good:
-                for r, _ in fixes:
-                    gains[r.id]["error"] = gains[r.id]["error"] or "no baseline run measured anything"
-                continue
-            baseline = statistics.fmean(good)
             for run in this_repeat:
                 if run["fix"] == BASELINE:
                     continue
-                if run["error"]:
-                    gains[run["fix"]]["error"] = gains[run["fix"]]["error"] or run["error"]
+                if not good:
+                    errors.setdefault(run["fix"], "no baseline run measured anything")
+                elif run["error"]:
+                    errors.setdefault(run["fix"], run["error"])
                 else:
-                    ratios[run["fix"]].append(run["samples_per_s"] / baseline)
-    measured: dict[str, float] = {}
-    for fix_id, values in ratios.items():
-        if values:
-            measured[fix_id] = statistics.median(values)
-            gains[fix_id].update(median=measured[fix_id], min=min(values), max=max(values),
-                                 measured_repeats=len(values))
+                    ratios[run["fix"]].append(run["samples_per_s"] / statistics.fmean(good))
+        measured: dict[str, float] = {}
+        for fix_id, values in ratios.items():
+            gains[fix_id] = _gain(values, gains[fix_id]["error"] or errors.get(fix_id))
+            if values:
+                measured[fix_id] = statistics.median(values)
+        info["set"] = _verify_set([(r, o) for r, o in fixes if measured.get(r.id, 0.0) >= FASTER], measured,
+                                  runs, repeats, say, **child)
     info["seconds"] = time.perf_counter() - started
     verified = [replace(r, measured_gain=measured[r.id], gain_basis="verified", basis_reason=None)
                 if r.overrides and r.id in measured else r for r in recommendations]
     return rank(verified), info
 
 
+SET = "set"
+
+
+def _verify_set(members: list[tuple[Recommendation, dict[str, Any]]], measured: Mapping[str, float],
+                runs: list[dict[str, Any]], repeats: int, say: Callable[[str], None],
+                **child: Any) -> dict[str, Any] | None:
+    """The fixes verified faster alone, applied at once (the set a user would apply), each repeat followed by one
+    more baseline: its gain over the baselines on either side. A member "vanishes" in the set where the set is not
+    `FASTER` than the best of the others alone (more workers taking the cores threads had; a layout that changes
+    what bf16 gains)."""
+    if not members:
+        return None
+    members = sorted(members, key=lambda m: -measured[m[0].id])  # the rank of what they measured: first wins
+    ids = [r.id for r, _ in members]
+    merged, dropped = merge_overrides([(r.id, o) for r, o in members])
+    entry: dict[str, Any] = {"ids": ids, "overrides": merged, "dropped": dropped, "vanished": [], "runs": [],
+                             **_gain([])}
+    if len(members) == 1:
+        entry.update(_gain([measured[ids[0]]]), note=f"one fix verified faster alone: the set is {ids[0]}")
+        return entry
+    say(f"verify: the {len(ids)} fixes verified faster, at once: {', '.join(ids)}"
+        + (f" ({'; '.join(dropped)})" if dropped else ""))
+    total = len(runs) + 2 * repeats
+    values: list[float] = []
+    error = None
+    for repeat in range(repeats):
+        before = next((r for r in reversed(runs) if r["fix"] == BASELINE), None)
+        applied = _record(SET, merged, say, runs, total, **child) | {"repeat": repeat}
+        after = _record(BASELINE, None, say, runs, total, **child) | {"repeat": repeat}
+        runs[-2:] = [applied, after]
+        entry["runs"].append(len(runs) - 2)
+        bases = [r["samples_per_s"] for r in (before, after) if r is not None and not r["error"]]
+        if applied["error"] or not bases:
+            error = error or applied["error"] or "no baseline run measured anything"
+        else:
+            values.append(applied["samples_per_s"] / statistics.fmean(bases))
+    entry.update(_gain(values, error))
+    if entry["median"] is not None:
+        entry["vanished"] = [fix for fix in ids if entry["median"] < FASTER * max(
+            measured[other] for other in ids if other != fix)]
+    return entry
+
+
+def set_line(entry: Mapping[str, Any]) -> str:
+    """The set's result in a line (the terminal's and the progress's)."""
+    ids = " + ".join(entry["ids"])
+    if entry.get("note"):
+        return f"together: {entry['note']}"
+    if entry["median"] is None:
+        return f"together ({ids}): not measured: {entry['error'] or 'no result'}"
+    spread = (f" ({entry['min']:.2f}-{entry['max']:.2f}x over {entry['measured_repeats']} repeats)"
+              if entry["measured_repeats"] > 1 else "")
+    line = f"together ({ids}): {entry['median']:.2f}x{spread}"
+    if entry["vanished"]:
+        line += (f"; {', '.join(entry['vanished'])} gained nothing in the set (it is not {FASTER:g}x faster than the "
+                 "best of the others alone)")
+    return line
+
+
 def verify_report(report: Report, target: str, *, module: bool = False, args: Sequence[str] | None = None,
-                  steps: int = 30, warmup: int = 5, max_seconds: float = 300.0, repeats: int = 1,
+                  steps: int = 30, warmup: int = 5, max_seconds: float | None = 300.0, repeats: int = 1,
                   progress: Callable[[str], None] | None = None) -> Report:
-    """`report` with its injectable fixes measured (`verify_fixes`): ranked by what they measured, the record of the
-    runs in `verify`. What it does and how it goes is said through `progress` (one line at a time); interrupted
+    """`report` with its injectable fixes measured (`verify_fixes`; a whole run's report: each run to its end, its
+    wall time compared): ranked by what they measured, the record of the runs in `verify`. What it does and how it
+    goes is said through `progress` (one line at a time); interrupted
     (Ctrl-C, which also ends the child running), the report comes back unverified, its gains the estimated ones."""
     say = progress or (lambda line: None)
     fixes = [r for r in report.recommendations if r.overrides]
@@ -291,12 +249,15 @@ def verify_report(report: Report, target: str, *, module: bool = False, args: Se
                                             if report.recommendations else "the doctor recommended none"))
     else:
         runs = (len(fixes) + 2) * repeats
-        say(f"verify: {runs} more run(s) of the script, each in a fresh process and up to {max_seconds:g} s: "
-            f"baseline, {', '.join(r.id for r in fixes)}, baseline" + (f"; x{repeats}" if repeats > 1 else ""))
+        limit = "to its end" if max_seconds is None else f"up to {max_seconds:g} s"
+        say(f"verify: {runs} more run(s) of the script, each in a fresh process and {limit}: "
+            f"baseline, {', '.join(r.id for r in fixes)}, baseline" + (f"; x{repeats}" if repeats > 1 else "")
+            + f"; then, where 2 or more measure {FASTER:g}x or faster, those at once and a baseline"
+            + (" (each time)" if repeats > 1 else ""))
     try:
         ranked, info = verify_fixes(target, module=module, args=args, recommendations=report.recommendations,
                                     steps=steps, warmup=warmup, max_seconds=max_seconds, repeats=repeats,
-                                    progress=say)
+                                    whole_run=report.whole_run is not None, progress=say)
     except KeyboardInterrupt:  # the child was killed; the report still has the first run's estimates
         say("verify: interrupted; the report shows the estimated gains only")
         return report
@@ -308,4 +269,6 @@ def verify_report(report: Report, target: str, *, module: bool = False, args: Se
     for fix_id, gain in info["gains"].items():
         if gain["median"] is None:
             say(f"verify: {fix_id} not measured: {gain['error'] or 'no result'}")
+    if info["set"] is not None:
+        say(f"verify: {set_line(info['set'])}")
     return replace(report, recommendations=rank(ranked, by_run=report.whole_run is not None), verify=info)

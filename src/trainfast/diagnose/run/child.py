@@ -19,11 +19,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: python -m trainfast.diagnose.run.child SPEC.json", file=sys.stderr)
         return 2
     spec = json.loads(Path(argv[0]).read_text())
-    with apply_overrides(spec.get("overrides") or {}):
+    with apply_overrides(spec.get("overrides") or {}) as injected:
         run = run_doctor(spec["target"], module=bool(spec.get("module")), args=list(spec.get("args") or []),
                          steps=int(spec["steps"]), warmup=int(spec["warmup"]), max_seconds=spec.get("max_seconds"),
+                         whole_run=bool(spec.get("whole_run")),
                          probe_gains=False)  # the fix itself is what this run measures
-    write_json(spec["out"], {"exit_code": run.exit_code, "error": run.error, "report": run.report.to_json()})
+    write_json(spec["out"], {"exit_code": run.exit_code, "error": run.error, "report": run.report.to_json(),
+                             "injected": {"events": injected.events, "model": injected.model,
+                                          "fell_back": injected.fell_back}})
     return 0
 
 

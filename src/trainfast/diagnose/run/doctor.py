@@ -173,8 +173,9 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
         if not distributed_before:
             end_process_group()
     if verify and result.rank == 0:
+        limit = max_seconds if whole_run else max_seconds or DEFAULT_MAX_SECONDS  # (a whole run: to its end)
         verified = verify_report(result.report, target, module=module, args=args, steps=steps, warmup=warmup,
-                          max_seconds=max_seconds or DEFAULT_MAX_SECONDS, repeats=verify_repeats, progress=progress)
+                                 max_seconds=limit, repeats=verify_repeats, progress=progress)
         result = replace(result, report=verified)
     return result
 
