@@ -19,7 +19,7 @@ from pathlib import Path
 
 from trainfast.atomic import OutputWriteError
 from trainfast.bench.plot import PlotUnavailableError
-from trainfast.cli import bench, compare, demo, doctor, env, pack, train, tune
+from trainfast.cli import bench, compare, demo, doctor, env, pack, run, train, tune
 from trainfast.data.decode import CorruptImageError
 from trainfast.data.remote import RemoteStorageError, RemoteSupportMissing
 from trainfast.launch import launch_env
@@ -30,7 +30,7 @@ from trainfast.trainer.loop import NonFiniteLossError, TrainingOutOfMemoryError
 from trainfast.tune.batch_size import BatchSizeError
 from trainfast.version import __version__
 
-COMMANDS = (train, pack, demo, doctor, compare, tune, bench, env)
+COMMANDS = (train, pack, demo, doctor, run, compare, tune, bench, env)
 BAD_INPUT, FAILED = 2, 1
 # trainfast's own expected failures and their exit codes, most specific first: 2 for what the user gave, 1 for
 # what went wrong during the work. Anything else is a bug and keeps its traceback.
@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  trainfast pack ~/data/pets ~/data/pets-packed --image-size 96\n"
                "  torchrun --standalone --nproc-per-node=2 -m trainfast train --epochs 2\n"
                "  trainfast doctor train.py -- --lr 0.1\n"
+               "  trainfast run --apply report.json train.py -- --lr 0.1\n"
                "  trainfast compare --fail-slower 5 base.json new.json\n"
                "  trainfast tune\n  trainfast bench --quick --plot bench.png\n"
                "  trainfast env\n\n"

@@ -1,0 +1,283 @@
+"""`trainfast run --apply REPORT`: run a training script to its end with the fixes a doctor report verified.
+
+Some settings sit inside a framework the user does not edit (a trainer that builds the DataLoader, sets the threads,
+enters autocast). `doctor --verify` already measured those fixes by injecting them into the unmodified script
+(`capture/inject.py`'s `apply_overrides`); this module re-uses that injection for real runs:
+
+- `fixes_to_apply` picks the fixes from the report's JSON: by default each one `--verify` measured at least
+  `trainfast.margin.FASTER` times as fast that has something to inject, or exactly the ids asked for. Their overrides
+  are merged in the report's (ranked) order; where two set one key differently, the higher-ranked wins and a note
+  says so.
+- `run_applied` runs the script as `python script.py` (or `python -m module`) would, in this process as `__main__`,
+  inside `apply_overrides`, with none of the doctor's hooks: it is the user's run, not a measurement.
+
+This module imports no torch itself: the injection is imported where a fix is checked or a script runs (the
+package around it, `diagnose/run/`, still loads the doctor's stages).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from trainfast.margin import FASTER
+
+
+class ApplyError(ValueError):
+    """The report, or the fixes asked for, cannot be applied; the message says why and what to do."""
+
+
+class NothingToApply(ApplyError):
+    """No fix was asked for and none is verified faster. `why` says so; `applicable`: the report's fixes that have
+    overrides (what `--fix` may name); `verified`: whether the report holds any verified fix (it was made with
+    --verify). The message adds the ways out."""
+
+    def __init__(self, why: str, *, applicable: Sequence[str], verified: bool) -> None:
+        self.why, self.applicable, self.verified = why, tuple(applicable), verified
+        message = why
+        if applicable and not verified:
+            message += "; measure the fixes first: trainfast doctor --verify --json REPORT SCRIPT"
+        if applicable:
+            message += f"; or apply one anyway with --fix ID (one of: {', '.join(applicable)})"
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A fix chosen from the report, as it stands there."""
+
+    id: str
+    measured_gain: float | None  # --verify's samples/s with the fix over without it; None: not re-run, or no figure
+    overrides: dict[str, Any]
+    gain_basis: str  # "verified" after --verify, else "measured" or "estimate"
+
+    @property
+    def verified_faster(self) -> bool:
+        return self.gain_basis == "verified" and self.measured_gain is not None and self.measured_gain >= FASTER
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The fixes to apply in the report's order, their overrides merged (`overrides`, what `apply_overrides` takes),
+    `notes` (an override a higher-ranked fix overruled) and `warnings` (a fix named with --fix that is not verified
+    faster)."""
+
+    fixes: tuple[Fix, ...]
+    overrides: dict[str, Any]
+    notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AppliedRun:
+    """How the script ended: its exit code (as `python script.py` would exit) and what happened to the fixes while
+    they were applied (`Injected.events`: a compile that fell back, and the like)."""
+
+    exit_code: int
+    events: tuple[str, ...]
+
+
+def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A doctor report's JSON, or ApplyError saying what is wrong with the file (missing, not JSON, no
+    `recommendations` list)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ApplyError(f"{path}: no such file; give the JSON report of `trainfast doctor --verify --json`") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ApplyError(f"{path}: cannot be read ({e})") from None
+    try:
+        report = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ApplyError(f"{path}: not JSON ({e}); give the report `trainfast doctor --verify --json` wrote") from None
+    if not isinstance(report, dict) or not isinstance(report.get("recommendations"), list):
+        raise ApplyError(f"{path}: not a trainfast doctor report (no \"recommendations\" list); give the report "
+                         "`trainfast doctor --verify --json` wrote")
+    return report
+
+
+def fixes_to_apply(report: Mapping[str, Any], only: Sequence[str] | None = None) -> Selection:
+    """The fixes of `report` (a doctor report's JSON) to apply: with `only`, exactly those ids (each must be a fix
+    with overrides; one not verified faster gets a warning); without, every fix `--verify` measured at least
+    `FASTER` times as fast that has overrides. ApplyError when the report is malformed, an id is not a fix that
+    can be applied, or nothing qualifies (NothingToApply); ValueError naming the fix where an override is one this
+    trainfast does not know. `report["verify"]` (the set of fixes measured together) does not change the choice."""
+    fixes = _fixes(report)
+    applicable = [fix.id for fix in fixes if fix.overrides]
+    if only is None:
+        chosen = [fix for fix in fixes if fix.overrides and fix.verified_faster]
+        if not chosen:
+            raise _nothing(fixes, applicable)
+        warnings: list[str] = []
+    else:
+        by_id = {fix.id: fix for fix in fixes}
+        for wanted in only:
+            if wanted not in applicable:
+                raise ApplyError(_not_applicable(wanted, by_id.get(wanted), applicable))
+        named = set(only)
+        chosen = [fix for fix in fixes if fix.id in named]  # the report's order: its ranking decides conflicts
+        warnings = [_unverified(fix) for fix in chosen if not fix.verified_faster]
+    _check(chosen)
+    overrides, notes = _merge(chosen)
+    return Selection(tuple(chosen), overrides, tuple(notes), tuple(warnings))
+
+
+def describe(selection: Selection, source: str) -> str:
+    """The line said before the script starts: `applying 2 verified fix(es) from report.json: num_workers
+    (num_workers=4, persistent_workers=True; verified 1.84x), ...`."""
+    kind = "verified " if all(fix.verified_faster for fix in selection.fixes) else ""
+    parts = [f"{fix.id} ({format_overrides(fix.overrides)}; {_gain(fix)})" for fix in selection.fixes]
+    return f"applying {len(selection.fixes)} {kind}fix(es) from {source}: {', '.join(parts)}"
+
+
+def format_overrides(overrides: Mapping[str, Any]) -> str:
+    """`num_workers=4, persistent_workers=True`: as the doctor's report writes a fix's overrides."""
+    return ", ".join(f"{key}={value}" for key, value in overrides.items())
+
+
+def run_applied(target: str, *, module: bool, args: Sequence[str] | None, overrides: Mapping[str, Any]) -> AppliedRun:
+    """Run `target` (a script path, or a module name with `module`) to its end inside `apply_overrides(overrides)`,
+    as `python target ARGS` (`python -m target ARGS`) would: in this process as `__main__`, its `sys.argv` and
+    `sys.path[0]` its own. The exit code is the script's (sys.exit(n): n; sys.exit("message"): 1, the message on
+    stderr; an exception: 1, its traceback on stderr as Python prints it; Ctrl-C: 130). The overrides are taken back,
+    and `sys.argv`, `sys.path` and `os.environ` put back, however it ends. ValueError (before the script runs) for
+    an override this trainfast does not know."""
+    from trainfast.diagnose.capture.inject import apply_overrides
+
+    saved_argv, saved_path, saved_env = sys.argv[:], sys.path[:], dict(os.environ)
+    events: list[str] = []
+    try:
+        with apply_overrides(overrides) as injected:
+            events = injected.events  # the same list: events added until the context exits count too
+            exit_code = _run(target, module=module, args=list(args or []))
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return AppliedRun(exit_code, tuple(events))
+
+
+def _run(target: str, *, module: bool, args: list[str]) -> int:
+    """The script run to its end, its end as an exit code (the traceback or message printed as Python would)."""
+    try:
+        sys.argv = [target, *args]
+        if module:
+            sys.path[0:0] = [os.getcwd()]  # what `python -m` puts first
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path[0:0] = [str(Path(target).resolve().parent)]  # what `python script.py` puts first
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return int(e.code or 0)
+        print(e.code, file=sys.stderr, flush=True)  # as Python prints sys.exit("message") on the way out
+        return 1
+    except KeyboardInterrupt:
+        return 130  # as a shell reports a process ended by SIGINT
+    except Exception as e:
+        sys.stdout.flush()  # the script's last output before its traceback, as on its own
+        print("".join(traceback.format_exception(type(e), e, _script_frames(e.__traceback__))), file=sys.stderr,
+              end="", flush=True)
+        return 1
+    return 0
+
+
+# The frames above the script's own: this module's and runpy's, which Python's traceback of `python script.py` does not
+# show (it starts at the script's <module>); runpy's read "<frozen runpy>" where the interpreter froze it
+_ABOVE = {__file__, runpy.__file__, "<frozen runpy>"}
+
+
+def _script_frames(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback from the script's first frame on; None where the error came before the script ran (a syntax
+    error, a module that cannot be found): then the error alone is printed, as Python prints it."""
+    while tb is not None and tb.tb_frame.f_code.co_filename in _ABOVE:
+        tb = tb.tb_next
+    return tb
+
+
+def _fixes(report: Mapping[str, Any]) -> list[Fix]:
+    entries = report.get("recommendations")
+    if not isinstance(entries, list):
+        raise ApplyError("not a trainfast doctor report (no \"recommendations\" list)")
+    fixes = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("id"), str):
+            raise ApplyError(f"recommendations[{i}] is not a fix (an object with an \"id\"): not a doctor report")
+        overrides = entry.get("overrides") or {}
+        if not isinstance(overrides, Mapping):
+            raise ApplyError(f"fix {entry['id']!r}: its overrides are {overrides!r}, not an object")
+        gain = entry.get("measured_gain")
+        measured = float(gain) if isinstance(gain, (int, float)) and not isinstance(gain, bool) else None
+        fixes.append(Fix(entry["id"], measured, dict(overrides), str(entry.get("gain_basis") or "estimate")))
+    return fixes
+
+
+def _nothing(fixes: list[Fix], applicable: list[str]) -> NothingToApply:
+    verified = [fix for fix in fixes if fix.overrides and fix.gain_basis == "verified"]
+    if not applicable:
+        why = "no fix in the report can be applied without editing the script (none has overrides)"
+    elif not verified:
+        why = "the report has no verified fix (it was written without --verify)"
+    else:
+        gains = ", ".join(f"{fix.id} {_gain(fix)}" for fix in verified)
+        why = f"no verified fix measured at least {FASTER:g}x as fast ({gains})"
+    return NothingToApply(why, applicable=applicable, verified=bool(verified))
+
+
+def _not_applicable(wanted: str, fix: Fix | None, applicable: list[str]) -> str:
+    valid = (f"the fixes that can be applied: {', '.join(applicable)}" if applicable
+             else "none of its fixes can be applied")
+    if fix is None:
+        return f"--fix {wanted} is not a fix in the report; {valid}"
+    return f"--fix {wanted} needs an edit to the script (nothing can be injected for it); {valid}"
+
+
+def _unverified(fix: Fix) -> str:
+    if fix.gain_basis != "verified":
+        return f"fix {fix.id} was never verified (run `trainfast doctor --verify` to measure it); applied as asked"
+    if fix.measured_gain is None:
+        return f"fix {fix.id}: its --verify run gave no figure; applied as asked"
+    return (f"fix {fix.id} measured {fix.measured_gain:.2f}x with --verify, not at least {FASTER:g}x as fast; "
+            "applied as asked")
+
+
+def _gain(fix: Fix) -> str:
+    if fix.gain_basis != "verified":
+        return "never verified"
+    if fix.measured_gain is None:
+        return "verified, no figure"
+    return f"{'verified' if fix.verified_faster else 'measured'} {fix.measured_gain:.2f}x"
+
+
+def _check(fixes: Sequence[Fix]) -> None:
+    """Every override known to this trainfast (a report from a newer one may hold more), before the script runs."""
+    from trainfast.diagnose.capture.inject import check_overrides
+
+    for fix in fixes:
+        try:
+            check_overrides(fix.overrides)
+        except ValueError as e:
+            raise ValueError(f"fix {fix.id}: {e}") from None
+
+
+def _merge(fixes: Sequence[Fix]) -> tuple[dict[str, Any], list[str]]:
+    """The fixes' overrides as one mapping; where two set a key differently, the first (higher-ranked) wins."""
+    merged: dict[str, Any] = {}
+    owner: dict[str, str] = {}
+    notes = []
+    for fix in fixes:
+        for key, value in fix.overrides.items():
+            if key not in merged:
+                merged[key], owner[key] = value, fix.id
+            elif merged[key] != value or type(merged[key]) is not type(value):
+                notes.append(f"{fix.id}'s {key}={value} is not applied: {owner[key]}, ranked higher in the report, "
+                             f"sets {key}={merged[key]}")
+    return merged, notes
