@@ -28,6 +28,8 @@ COMPILE_COMPUTE_SPEEDUP = 1.43
 # guidance for mixed-precision convs on tensor cores is of the order of 1.2x.
 CHANNELS_LAST_CPU_SPEEDUP = 1.5
 CHANNELS_LAST_GPU_SPEEDUP = 1.2
+# What --verify injects for it: the model and its 4-D inputs converted at its first training forward
+CHANNELS_LAST = {"memory_format": "channels_last"}
 
 
 @register
@@ -105,8 +107,9 @@ def _cpu_threads_beside_workers(e: Evidence) -> int | None:
 class Compile(Rule):
     id = "compile"
     acts_on = "model step"
-    summary = ("torch.compile for a compute-bound step on a GPU; its recompilations and graph breaks; over a whole "
-               "run, the time compiling took")
+    summary = ("torch.compile for a compute-bound step (on a CPU measured by --verify only); its recompilations and "
+               "graph breaks; over a whole run, the time compiling took")
+    injects = ("compile",)
 
     def propose(self, e: Evidence) -> Recommendation | None:
         if e.compiled and (e.recompiled_frames or e.graph_breaks):
@@ -116,16 +119,21 @@ class Compile(Rule):
                 f"{e.graph_breaks} graph break(s); each break runs eagerly, each recompile stalls training",
                 "TORCH_LOGS=recompiles,graph_breaks python train.py  # then mark dynamic dims or move Python out of "
                 "forward", None, basis_reason=f"what a break or recompile costs depends on the code; {NEEDS_EDIT}")
-        if e.compiled or e.device != "cuda" or e.verdict != "compute-bound":
+        if e.compiled or e.device not in ("cuda", "cpu") or e.verdict != "compute-bound":
             return None
+        fix = "model = torch.compile(model)  # or TrainConfig(compile=True) / trainfast train --compile"
+        if e.device == "cpu":  # no published figure for inductor's CPU kernels to lean on: --verify times it
+            return Recommendation(
+                "compile", "Compile the model with torch.compile",
+                f"the run is compute-bound ({e.fractions.compute:.0%} compute) and not compiled; what inductor's "
+                "fused CPU kernels gain depends on the model", fix, None, overrides={"compile": True},
+                basis_reason=f"not measured: compiling takes longer than the doctor's window; {VERIFY_IT}")
         return Recommendation(
             "compile", "Compile the model with torch.compile",
             f"the run is compute-bound ({e.fractions.compute:.0%} compute) and not compiled; fused kernels cut memory "
-            f"traffic (assumed {COMPILE_COMPUTE_SPEEDUP}x on compute, PyTorch's training geomean)",
-            "model = torch.compile(model)  # or TrainConfig(compile=True) / trainfast train --compile",
-            speedup_of_part(e.fractions.compute, COMPILE_COMPUTE_SPEEDUP),
-            basis_reason="compiling takes longer than the doctor's measurements may; TrainConfig(compile='auto') "
-                         "measures it in training")
+            f"traffic (assumed {COMPILE_COMPUTE_SPEEDUP}x on compute, PyTorch's training geomean)", fix,
+            speedup_of_part(e.fractions.compute, COMPILE_COMPUTE_SPEEDUP), overrides={"compile": True},
+            basis_reason=f"compiling takes longer than the doctor's window; {VERIFY_IT}")
 
     def propose_run(self, e: Evidence, run: RunEvidence) -> Recommendation | None:
         """The compilation's seconds over the whole run, named (no gain claimed), beside the step's fix."""
@@ -142,6 +150,7 @@ class ChannelsLast(Rule):
     id = "channels_last"
     acts_on = "model step"
     summary = "the channels_last (NHWC) memory format for a conv net, where measured faster"
+    injects = ("memory_format",)
 
     def trials(self, e: Evidence) -> tuple[TrialRequest, ...]:
         return (TrialRequest("channels_last", "channels_last", True),) if _nchw_convs(e) else ()
@@ -162,21 +171,23 @@ class ChannelsLast(Rule):
                 "channels_last", "Use the channels_last (NHWC) memory format for the conv net",
                 f"{nchw} conv weight(s) are NCHW; the model's forward and backward ran {trial.factor:.2f}x as fast in "
                 f"NHWC ({trial.spread()}, measured on its own input), on the {e.fractions.compute:.0%} of the step "
-                "that is compute", fix, gain, gain_basis="measured")
+                "that is compute", fix, gain, overrides=CHANNELS_LAST, gain_basis="measured")
         if e.device == "cuda" and not mixed:
             return None
         failed = unprobed(e, trial)
         if failed is not None:
             return Recommendation(
                 "channels_last", "Use the channels_last (NHWC) memory format for the conv net",
-                f"{nchw} conv weight(s) are NCHW; not measured here", fix, None, basis_reason=failed)
+                f"{nchw} conv weight(s) are NCHW; not measured here", fix, None, overrides=CHANNELS_LAST,
+                basis_reason=failed)
         factor = CHANNELS_LAST_CPU_SPEEDUP if e.device == "cpu" else CHANNELS_LAST_GPU_SPEEDUP
         where = "oneDNN's fast layout on the CPU" if e.device == "cpu" else "what tensor cores read under autocast"
         return Recommendation(
             "channels_last", "Use the channels_last (NHWC) memory format for the conv net",
             f"{nchw} conv weight(s) are NCHW; NHWC is {where} (an estimate: assumed {factor}x on the "
             f"{e.fractions.compute:.0%} of the step that is compute)", fix,
-            speedup_of_part(e.fractions.compute, factor), basis_reason=f"not measured: {reason}; {NEEDS_EDIT}")
+            speedup_of_part(e.fractions.compute, factor), overrides=CHANNELS_LAST,
+            basis_reason=f"not measured: {reason}; {VERIFY_IT}")
 
 
 @register
@@ -184,6 +195,7 @@ class Contiguous(Rule):
     id = "contiguous"
     acts_on = "model step"
     summary = "NCHW instead of the script's own channels_last, where that measured slower"
+    injects = ("memory_format",)
 
     def trials(self, e: Evidence) -> tuple[TrialRequest, ...]:
         """The script's own channels_last against NCHW: its choice is a candidate too."""
@@ -204,7 +216,7 @@ class Contiguous(Rule):
             f"fast in NCHW ({trial.spread()}, measured on its own input), on the {e.fractions.compute:.0%} of the step "
             "that is compute", "remove model.to(memory_format=torch.channels_last) and the inputs' conversion (or the "
             "script's --channels-last flag)  # or TrainConfig(channels_last='auto'), which measures both", gain,
-            gain_basis="measured")
+            overrides={"memory_format": "contiguous"}, gain_basis="measured")
 
 
 def _nchw_convs(e: Evidence) -> int:

@@ -8,6 +8,7 @@ from trainfast.diagnose.evidence.evidence import Evidence
 from trainfast.diagnose.fixes.rule import (
     MIN_GAIN,
     NEEDS_EDIT,
+    VERIFY_IT,
     Rule,
     measured_faster,
     register,
@@ -24,13 +25,19 @@ AMP_COMPUTE_SPEEDUP = 2.0
 # bf16 autocast on a CPU with native bf16: the Trainer's A/B measured 1.36-1.79x fp32 for the demo ConvNet's step
 # on a 2-core AVX512-BF16 EPYC (six runs); the low end for an unknown model.
 CPU_BF16_COMPUTE_SPEEDUP = 1.4
+# What --verify injects for bf16: the trained model's forwards under bf16 autocast, its outputs back in float32
+BF16 = {"autocast": "bfloat16"}
+# fp16 needs a loss scale around the script's own backward and optimizer step, which no injection can place safely
+FP16_NOT_INJECTED = "float16 is not injected: it needs a GradScaler around the script's own backward and step"
 
 
 @register
 class Amp(Rule):
     id = "amp"
     acts_on = "model step"
-    summary = "mixed precision (bf16 autocast, or fp16 with a GradScaler) where the script trains in float32"
+    summary = ("mixed precision (bf16 autocast, or fp16 with a GradScaler: that one not injectable) where the script "
+               "trains in float32")
+    injects = ("autocast",)
 
     def trials(self, e: Evidence) -> tuple[TrialRequest, ...]:
         """bf16 (or fp16 on a GPU without it) autocast against the script's float32, where it can apply."""
@@ -68,7 +75,8 @@ class Amp(Rule):
                 "amp", f"Train in mixed precision ({dtype})",
                 f"no autocast was seen; the model's forward and backward ran {trial.factor:.2f}x as fast under {dtype} "
                 f"autocast ({trial.spread()}, measured on its own input); compute is {e.fractions.compute:.0%} of each "
-                "step. Check the loss curve", fix, gain, gain_basis="measured")
+                "step. Check the loss curve" + ("" if dtype == "bfloat16" else f" ({FP16_NOT_INJECTED})"), fix, gain,
+                overrides=BF16 if dtype == "bfloat16" else None, gain_basis="measured")
         if trial is not None and not trial.applies:  # autocast on float64, emulated bf16
             return None
         if cpu_bf16:
@@ -78,16 +86,19 @@ class Amp(Rule):
             dtype = title = "bfloat16" if e.bf16_supported else "float16 with a GradScaler"
             speedup = AMP_COMPUTE_SPEEDUP
             why = f"tensor cores run {dtype.split()[0]} several times faster than fp32"
+        overrides = BF16 if dtype == "bfloat16" else None
+        how = VERIFY_IT if overrides else f"{FP16_NOT_INJECTED}; {NEEDS_EDIT}"
         if failed is not None:  # the doctor's own replay failed: no figure it could not measure
             return Recommendation(
                 "amp", f"Train in mixed precision ({title})",
                 f"no autocast was seen; compute is {e.fractions.compute:.0%} of each step and {why}; not measured here",
-                fix, None, basis_reason=failed)
+                fix, None, overrides=overrides, basis_reason=f"{failed}; {how}")
         return Recommendation(
             "amp", f"Train in mixed precision ({title})",
             f"no autocast was seen; compute is {e.fractions.compute:.0%} of each step and {why} (an estimate: assumed "
             f"{speedup}x on compute; check loss curves)", fix,
-            speedup_of_part(e.fractions.compute, speedup), basis_reason=f"not measured: {reason}; {NEEDS_EDIT}")
+            speedup_of_part(e.fractions.compute, speedup), overrides=overrides,
+            basis_reason=f"not measured: {reason}; {how}")
 
 
 @register

@@ -42,6 +42,7 @@ class EvalAutocast(Rule):
     id = "eval_autocast"
     acts_on = "whole run"
     summary = "evaluation under inference_mode and the training's autocast, where it ran in fp32 and measured slower"
+    injects = ("eval_autocast",)
 
     def run_trials(self, run: RunEvidence) -> tuple[str, ...]:
         return ("evaluation",) if run.share["evaluation"] >= MIN_SHARE else ()
@@ -61,7 +62,8 @@ class EvalAutocast(Rule):
             f"({trial.spread()}, on the script's own model and evaluation batch)",
             f"with torch.inference_mode(), torch.autocast({device!r}, dtype=torch.{dtype}): around the "
             "evaluation forwards",
-            amdahl(part, trial.factor), gain_basis="measured", run_gain=amdahl(part, trial.factor))
+            amdahl(part, trial.factor), overrides={"eval_autocast": dtype}, gain_basis="measured",
+            run_gain=amdahl(part, trial.factor))
 
 
 @register
@@ -88,6 +90,7 @@ class AsyncCheckpoint(Rule):
     id = "async_checkpoint"
     acts_on = "whole run"
     summary = "checkpoints written in the background after a copy to host memory, where the writes stop training"
+    injects = ("async_checkpoint",)
 
     def run_trials(self, run: RunEvidence) -> tuple[str, ...]:
         return ("copy",) if run.checkpoint_blocking_s > 0 else ()
@@ -107,7 +110,8 @@ class AsyncCheckpoint(Rule):
             f"({run.share['checkpoint']:.0%} of the run; {format_bytes(written)}{rate}); a copy to host memory of the "
             f"same bytes takes {copy_s:.2f} s here (timed)",
             "torch.distributed.checkpoint.async_save(state, checkpoint_id=...), or copy the state to CPU tensors "
-            "and torch.save them in a thread", gain, gain_basis="measured", run_gain=gain)
+            "and torch.save them in a thread", gain, overrides={"async_checkpoint": True}, gain_basis="measured",
+            run_gain=gain)
 
 
 @register
