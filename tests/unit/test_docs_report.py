@@ -84,7 +84,7 @@ def test_the_fix_table_is_the_rules_own() -> None:
     assert found, f"{READING.relative_to(ROOT)} has no fix table between '<!-- fix table ... -->' and its end mark"
     assert found.group(1) == fix_table(), (
         "the fix table in docs/reading-a-report.md is not the rules' own: paste the output of\n  python -c 'import "
-        "trainfast.diagnose.fixes.rule as r; import trainfast.diagnose; print(r.fix_table(), end=\"\")'")
+        "trainfast.diagnose; from trainfast.diagnose.fixes.rule import fix_table; print(fix_table(), end=\"\")'")
 
 
 def test_every_fix_verify_can_inject_injects_what_verify_knows() -> None:

@@ -71,8 +71,8 @@ def test_two_fixes_setting_one_key_differently_the_higher_ranked_wins_and_a_note
                                    fix("prefetch", 1.1, num_workers=4, prefetch_factor=4)))
     assert chosen.overrides == {"num_workers": 4, "persistent_workers": True, "pin_memory": True,
                                 "prefetch_factor": 4}
-    assert chosen.notes == ("pin_memory's num_workers=2 is not applied: num_workers, ranked higher in the report, "
-                            "sets num_workers=4",)  # prefetch sets the same value: no conflict
+    # prefetch sets the same value: no conflict
+    assert chosen.notes == ("pin_memory's num_workers=2 left out: num_workers, ranked above it, sets num_workers=4",)
 
 
 def test_the_applying_line_names_each_fix_its_overrides_and_its_gain() -> None:

@@ -181,7 +181,7 @@ def test_ranked_measured_first_then_estimates_each_by_expected_gain_unknown_last
         assert known == sorted(known, reverse=True) and gains[len(known):] == [None] * (len(gains) - len(known))
     for r in recs:
         assert set(r.to_json()) == {"id", "title", "why", "fix", "expected_gain", "measured_gain", "gain_basis",
-                                    "gain_basis_reason", "overrides", "run_gain"}
+                                    "gain_basis_reason", "overrides", "run_gain", "where"}
         assert r.why and r.fix
         assert (r.gain_basis == "estimate") == (r.basis_reason is not None), r  # an estimate says why it is one
 

@@ -98,10 +98,10 @@ def test_a_compile_that_fails_falls_back_to_eager_with_the_reason(monkeypatch: p
     and the reason is kept for the report."""
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "/nonexistent/g++"))
     monkeypatch.setenv("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")  # a cached kernel would need no compiler
     net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    with apply_overrides({"compile": True}) as injected:
+    with inductor_config.patch({"cpp.cxx": (None, "/nonexistent/g++")}), \
+            apply_overrides({"compile": True}) as injected:
         for _ in range(2):
             net(torch.randn(3, 4)).sum().backward()
     assert injected.fell_back is not None and "compiler" in injected.fell_back.lower(), injected.events
@@ -138,7 +138,7 @@ def test_checkpoints_are_written_in_the_background_and_a_rename_waits_for_the_wr
 
 
 def test_a_background_write_that_fails_is_raised_not_lost(tmp_path: Path) -> None:
-    with pytest.raises(RuntimeError, match="the checkpoint written in the background to .* failed"), \
+    with pytest.raises(RuntimeError, match=r"the checkpoint written in the background to .* failed"), \
             apply_overrides({"async_checkpoint": True}):
         torch.save({"w": torch.zeros(1)}, tmp_path / "no-such-folder" / "x.pt")
 

@@ -80,7 +80,7 @@ def merge_overrides(fixes: Sequence[tuple[str, Mapping[str, Any]]]) -> tuple[dic
         for key, value in overrides.items():
             if key not in merged:
                 merged[key], owner[key] = value, fix_id
-            elif merged[key] != value:
+            elif merged[key] != value or type(merged[key]) is not type(value):  # (True is 1, but not here)
                 dropped.append(f"{fix_id}'s {key}={value!r} left out: {owner[key]}, ranked above it, sets "
                                f"{key}={merged[key]!r}")
     return merged, dropped

@@ -35,7 +35,7 @@ from trainfast.diagnose.capture.step_hook import StepHook
 from trainfast.diagnose.capture.tensor_hook import TensorHook
 from trainfast.diagnose.capture.timeline import Timeline
 from trainfast.diagnose.capture.window import _earliest, _Step
-from trainfast.diagnose.records.capture import Capture, TimelineRecord, loaders_of
+from trainfast.diagnose.records.capture import Capture, Site, TimelineRecord, loaders_of
 from trainfast.dynamo import dynamo_counts
 from trainfast.monitor import Monitor
 
@@ -153,7 +153,13 @@ class Instrumentation:
             monitor=None if monitor is None else monitor.frozen(
                 [observed.device_index] if device == "cuda" and observed.device_index is not None else []),
             env=env, script=script, notes=tuple(notes or ()), oom=oom, loader_headroom=loader_headroom,
-            whole=None if whole is None else whole.record(), final=final)
+            whole=None if whole is None else whole.record(), final=final, sites=self.sites())
+
+    def sites(self) -> tuple[Site, ...]:
+        """Where the script made what the fixes change (capture/sites.py): its loaders, the model, its first calls,
+        its autocast block and its first checkpoint write."""
+        saved = self.ledger.save_site if self.ledger is not None else None
+        return (*self.loader.sites, *self.observed.sites.values(), *((saved,) if saved is not None else ()))
 
     def end_step(self) -> None:
         """End a step now: for callers that define steps themselves (`Timeline(explicit_steps=True)`)."""

@@ -38,7 +38,8 @@ from typing import Any
 
 import torch
 
-from trainfast.diagnose.records.capture import LedgerRecord
+from trainfast.diagnose.capture.sites import site_of
+from trainfast.diagnose.records.capture import LedgerRecord, Site
 from trainfast.diagnose.records.ledger import CHECKPOINT, DOCTOR, LOGGING, SLEEP, EvalPass, Write
 
 # Checkpoint writes listed one by one in the report; beyond this they are only summed
@@ -68,6 +69,7 @@ class Ledger:
     loader_fed: bool = False
     doctor_parts: dict[str, float] = field(default_factory=dict)  # the doctor's own seconds, by what it did
     eval_call: tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any]] | None = None  # a pass's first forward
+    save_site: Site | None = None  # where the script wrote its first checkpoint (capture/sites.py)
     last_write: Write | None = None
     # attempts.py's record of the run on torchrun's store: `on_beat(now)` at the first step closed from `beat_due`
     on_beat: Callable[[float], None] | None = None
@@ -160,6 +162,8 @@ class Ledger:
 
         def write(api: str, file_arg: int | None) -> Callable[..., None]:
             def record(started: float, ended: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+                if self.save_site is None:
+                    self.save_site = site_of("save", sys._getframe(1))
                 target = args[file_arg] if file_arg is not None and len(args) > file_arg else \
                     kwargs.get("f", kwargs.get("filename", kwargs.get("checkpoint_id")))
                 self.wrote(Write(api, started, ended, _bytes_of(target, args, kwargs),

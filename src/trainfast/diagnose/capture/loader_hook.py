@@ -6,9 +6,12 @@ the main thread (no workers) after a slow one is also timed for its CPU and run-
 
 from __future__ import annotations
 
+import functools
+import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import fields, is_dataclass
+from dataclasses import fields, is_dataclass, replace
 from time import perf_counter, thread_time
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +20,9 @@ from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset
 from torch.utils.data._utils import worker as worker_module
 from torch.utils.data._utils.fetch import _IterableDatasetFetcher, _MapDatasetFetcher
 
+from trainfast.diagnose.capture.sites import site_of
 from trainfast.diagnose.capture.worker_clock import WorkerClock
+from trainfast.diagnose.records.capture import Site
 from trainfast.diagnose.records.steps import LoaderStats
 from trainfast.host import queued_s
 from trainfast.loader.memory import TensorLoader
@@ -43,6 +48,8 @@ class LoaderHook:
         self.worker_clock = WorkerClock()  # loader workers forked while measuring time their batches into it
         self._by_loader: dict[int, LoaderStats] = {}
         self._keep_alive: list[Any] = []  # loaders described: their id() must stay unique while measuring
+        self._made: weakref.WeakKeyDictionary[Any, Site] = weakref.WeakKeyDictionary()  # where each was constructed
+        self.sites: list[Site] = []  # the described loaders' (Site.index: their LoaderStats.index)
 
     def install(self, patch: Patch) -> None:
         inst = self.inst
@@ -62,6 +69,15 @@ class LoaderHook:
 
         for owner in (DataLoader, TensorLoader, ThreadLoader):
             patch(owner, "__iter__", wrap_iter(owner.__iter__))
+        construct = DataLoader.__init__
+
+        @functools.wraps(construct)
+        def made(loader: Any, *args: Any, **kwargs: Any) -> None:
+            site = site_of("loader", sys._getframe(1))
+            if site is not None:
+                self._made[loader] = site
+            construct(loader, *args, **kwargs)
+        patch(DataLoader, "__init__", made)
         # workers forked from here on time their batches (the main process's fetches are left as they are)
         patch(worker_module, "_worker_loop", _TimingWorkerLoop(self.worker_clock, worker_module._worker_loop))
 
@@ -74,6 +90,9 @@ class LoaderHook:
             stats = describe_loader(loader, len(self.loaders))
             self._by_loader[id(loader)] = stats
             self.loaders.append(stats)
+            site = self._made.get(loader)
+            if site is not None:
+                self.sites.append(replace(site, index=stats.index))
         return stats
 
 

@@ -12,6 +12,7 @@ trains and their models' convolutions are described (their layout: channels_last
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 import sys
@@ -25,6 +26,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
+from trainfast.diagnose.capture.sites import site_of
+from trainfast.diagnose.records.capture import Site
 from trainfast.samples import batch_samples, first_leaf
 
 if TYPE_CHECKING:
@@ -54,11 +57,15 @@ class ModelHook:
         self._described: set[int] = set()  # the optimizers whose first step described their model
         self._parameters: dict[int, torch.Tensor] = {}  # described, by id (kept alive: ids stay unique)
         self._convs: set[int] = set()
+        # where each outermost module was made, and last moved (`_watch_making`)
+        self._made: weakref.WeakKeyDictionary[nn.Module, Site] = weakref.WeakKeyDictionary()
+        self._moved: weakref.WeakKeyDictionary[nn.Module, Site] = weakref.WeakKeyDictionary()
 
     def install(self, patch: Patch) -> None:
         """The no_grad/inference_mode blocks are a trigger to look for the model (a loop that only evaluates still
         finds it); the roots' classes are patched as they are found (`discover`)."""
         inst = self.inst
+        self._watch_making(patch)
         for mode in (torch.no_grad, torch.inference_mode):
             enter = mode.__enter__
 
@@ -68,12 +75,41 @@ class ModelHook:
                 return _enter(ctx)
             patch(mode, "__enter__", entered)
 
+    def _watch_making(self, patch: Patch) -> None:
+        """Where each outermost module is constructed (a model's submodules are made inside its own `__init__`:
+        only a count, no walk of the stack) and where a module is last moved with `.to()`/`.cuda()`: the sites a
+        layout or compile fix names (capture/sites.py)."""
+        construct = nn.Module.__init__
+        depth = [0]
+
+        @functools.wraps(construct)
+        def made(module: nn.Module, *args: Any, **kwargs: Any) -> None:
+            if depth[0] == 0 and (site := site_of("model", sys._getframe(1), owner=module)) is not None:
+                self._made[module] = site
+            depth[0] += 1
+            try:
+                construct(module, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+        patch(nn.Module, "__init__", made)
+        for name in ("to", "cuda"):
+            move = getattr(nn.Module, name)
+
+            def moved(module: nn.Module, *args: Any, _move: Callable[..., Any] = move, **kwargs: Any) -> Any:
+                site = site_of("to", sys._getframe(1))
+                if site is not None:
+                    self._moved[module] = site
+                return _move(module, *args, **kwargs)
+            patch(nn.Module, name, functools.wraps(move)(moved))
+
     def uninstall(self) -> None:
         """torch may keep our hooks (and so this) alive: never the script's models or batches."""
         self._roots.clear()
         self._parameters.clear()
         self._entries.clear()
         self.last_calls.clear()
+        self._made.clear()
+        self._moved.clear()
 
     def model_on(self, device: torch.device) -> None:
         observed = self.inst.observed
@@ -201,6 +237,8 @@ class ModelHook:
             return False
         timeline = inst.timeline
         if not torch.is_grad_enabled():  # an evaluation pass, or a collection phase (timeline.py)
+            if root and "evaluation" not in inst.observed.sites:
+                self._saw_site("evaluation", module)
             now = perf_counter()
             timeline.evaluation_forward(now, module.training)
             return inst.ledger is not None and inst.ledger.eval_forward(now, module, args, kwargs, module.training,
@@ -208,6 +246,8 @@ class ModelHook:
         if id(module) not in self.last_calls:  # (a lookup, not a store, per forward: ~0.1 us less per step)
             self.last_calls[id(module)] = (module, (args, kwargs))
             self._saw_input_layout(args, kwargs)
+            if root and "forward" not in inst.observed.sites:
+                self._saw_site("forward", module)
         if not inst.device_timer.settled:
             self._saw_model(module)
         if timeline.loader_fed:  # batches come from a loader: its fetches start iterations and count samples
@@ -220,6 +260,19 @@ class ModelHook:
         if inst.events is not None and timeline.in_measured_step:
             inst.events.batch_ready()
         return False
+
+    def _saw_site(self, what: str, module: nn.Module) -> None:
+        """The script's line calling the model (its first training or evaluation forward), and, with the first
+        training forward, where that model was made and last moved (`.to()`)."""
+        sites = self.inst.observed.sites
+        site = site_of(what, sys._getframe(2))
+        if site is not None:
+            sites[what] = site
+        if what == "forward":
+            for kind, where in (("model", self._made), ("to", self._moved)):
+                found = where.get(module)
+                if found is not None:
+                    sites[kind] = found
 
     def _saw_input_layout(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The layout of a root's first 4-D floating input (once per root): a script that feeds channels_last images

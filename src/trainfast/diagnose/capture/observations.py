@@ -14,6 +14,7 @@ from trainfast.diagnose.capture.comms import Collectives, CommTotals
 from trainfast.diagnose.capture.devicetime import DeviceTimer
 from trainfast.diagnose.capture.ledger import Ledger
 from trainfast.diagnose.capture.timeline import Timeline
+from trainfast.diagnose.records.capture import Site
 from trainfast.diagnose.records.steps import WorkerTotals
 from trainfast.flops import FlopCounter
 
@@ -58,6 +59,8 @@ class Observations:
     comm_at_warmup: CommTotals | None = None
     comm_at_end: CommTotals | None = None
     jpeg_decoded_pixels: list[int] = field(default_factory=list)
+    # where the script made or first used what the fixes change (capture/sites.py), by `Site.what`: the first of each
+    sites: dict[str, Site] = field(default_factory=dict)
     syncs: int = 0
     threads: int = 0  # torch intra-op threads when training started
     # Filled when the measured steps end (probe_hook.py's gain_probe), not by the hooks. Here, not on the

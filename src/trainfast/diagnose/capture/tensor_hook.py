@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from PIL import ImageFile
 
+from trainfast.diagnose.capture.sites import site_of
+
 if TYPE_CHECKING:
     from trainfast.diagnose.capture.model_hook import ModelHook
     from trainfast.diagnose.capture.observations import Patch, Watching
@@ -91,6 +93,8 @@ class TensorHook:
         def autocast_enter(ctx: Any) -> Any:
             if getattr(ctx, "_enabled", False) and not inst.paused:  # (not the doctor's own trials: probe.py)
                 observed.autocast.add((str(ctx.device), str(ctx.fast_dtype).replace("torch.", "")))
+                if "autocast" not in observed.sites and (site := site_of("autocast", sys._getframe(1))) is not None:
+                    observed.sites["autocast"] = site
             return enter(ctx)  # type: ignore[no-untyped-call]
         patch(autocast_cls, "__enter__", autocast_enter)
 

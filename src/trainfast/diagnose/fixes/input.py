@@ -28,6 +28,7 @@ MIN_RESTART_GAIN = 1.005
 class InMemory(Rule):
     id = "in_memory"
     acts_on = "input"
+    changes = ("loader",)
     summary = "tensors already in memory batched by one index gather instead of sample by sample"
 
     def propose(self, e: Evidence) -> Recommendation | None:
@@ -53,6 +54,7 @@ class InMemory(Rule):
 class PinMemory(Rule):
     id = "pin_memory"
     acts_on = "input"
+    changes = ("loader",)
     summary = "pinned host memory and non-blocking copies to the GPU"
     injects = ("pin_memory",)
 
@@ -72,6 +74,7 @@ class PinMemory(Rule):
 class PersistentWorkers(Rule):
     id = "persistent_workers"
     acts_on = "input"
+    changes = ("loader",)
     summary = "the loader's workers kept alive between epochs instead of restarted"
     injects = ("persistent_workers",)
     replaces_window = True  # the whole run's measured restarts, when it has them
@@ -147,6 +150,7 @@ def _restart_cost(loader: LoaderStats, cost: Periodic, slow_run: int, startup: f
 class PrefetchFactor(Rule):
     id = "prefetch_factor"
     acts_on = "input"
+    changes = ("loader",)
     summary = "more batches queued per worker, for data wait that comes in spikes"
     injects = ("prefetch_factor",)
 
@@ -190,6 +194,7 @@ class ShmSize(Rule):
 class DecodeSize(Rule):
     id = "decode_size"
     acts_on = "input"
+    changes = ("loader",)
     summary = "JPEGs decoded at the size trained (Pillow's draft, or packed pre-sized)"
 
     def propose(self, e: Evidence) -> Recommendation | None:
@@ -220,6 +225,7 @@ class DecodeSize(Rule):
 class CopyOnRead(Rule):
     id = "copy_on_read"
     acts_on = "input"
+    changes = ("loader",)
     summary = "the dataset's per-sample lists in numpy arrays, not Python lists the workers copy page by page"
 
     def propose(self, e: Evidence) -> Recommendation | None:

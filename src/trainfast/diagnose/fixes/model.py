@@ -107,6 +107,7 @@ def _cpu_threads_beside_workers(e: Evidence) -> int | None:
 class Compile(Rule):
     id = "compile"
     acts_on = "model step"
+    changes = ("to", "model")
     summary = ("torch.compile for a compute-bound step (on a CPU measured by --verify only); its recompilations and "
                "graph breaks; over a whole run, the time compiling took")
     injects = ("compile",)
@@ -149,6 +150,7 @@ class Compile(Rule):
 class ChannelsLast(Rule):
     id = "channels_last"
     acts_on = "model step"
+    changes = ("to", "model")
     summary = "the channels_last (NHWC) memory format for a conv net, where measured faster"
     injects = ("memory_format",)
 
@@ -194,6 +196,7 @@ class ChannelsLast(Rule):
 class Contiguous(Rule):
     id = "contiguous"
     acts_on = "model step"
+    changes = ("to", "model")
     summary = "NCHW instead of the script's own channels_last, where that measured slower"
     injects = ("memory_format",)
 
@@ -267,6 +270,7 @@ class HostSync(Rule):
 class BatchSize(Rule):
     id = "batch_size"
     acts_on = "model step"
+    changes = ("loader",)
     summary = "a larger batch where fixed per-step host work takes a fifth of the step or more"
 
     def propose(self, e: Evidence) -> Recommendation | None:

@@ -35,6 +35,7 @@ FP16_NOT_INJECTED = "float16 is not injected: it needs a GradScaler around the s
 class Amp(Rule):
     id = "amp"
     acts_on = "model step"
+    changes = ("forward",)
     summary = ("mixed precision (bf16 autocast, or fp16 with a GradScaler: that one not injectable) where the script "
                "trains in float32")
     injects = ("autocast",)
@@ -105,6 +106,7 @@ class Amp(Rule):
 class Fp32(Rule):
     id = "fp32"
     acts_on = "model step"
+    changes = ("autocast",)
     summary = "float32 instead of the script's own autocast, where that measured slower (emulated bf16)"
     injects = ("autocast",)
 
@@ -138,6 +140,7 @@ class Fp32(Rule):
 class Bf16(Rule):
     id = "bf16"
     acts_on = "model step"
+    changes = ("autocast",)
     summary = "bfloat16 instead of float16 where the GradScaler skips steps for inf/NaN gradients"
 
     def propose(self, e: Evidence) -> Recommendation | None:

@@ -33,6 +33,10 @@ class Rule:
     injects: ClassVar[tuple[str, ...]] = ()
     # its whole-run proposal replaces its window's (the same fix, measured over the run)
     replaces_window: ClassVar[bool] = False
+    # what it changes in the script, as the capture's sites name it (records/capture.py `Site.what`), the first
+    # one seen is where the fix is made permanent (fixes/where.py): "loader", "to" (the model's .to()), "model"
+    # (its construction), "forward", "evaluation", "autocast", "save"
+    changes: ClassVar[tuple[str, ...]] = ()
 
     def propose(self, e: Evidence) -> Recommendation | None:
         """The fix from the measured steps' evidence, or None where it does not apply."""

@@ -41,6 +41,7 @@ def _removed(share: float) -> float:
 class EvalAutocast(Rule):
     id = "eval_autocast"
     acts_on = "whole run"
+    changes = ("evaluation",)
     summary = "evaluation under inference_mode and the training's autocast, where it ran in fp32 and measured slower"
     injects = ("eval_autocast",)
 
@@ -70,6 +71,7 @@ class EvalAutocast(Rule):
 class EvalLessOften(Rule):
     id = "eval_less_often"
     acts_on = "whole run"
+    changes = ("evaluation",)
     summary = "evaluating less often, or on fewer batches, where evaluation takes 3 % of the run or more"
 
     def propose_run(self, e: Evidence, run: RunEvidence) -> Recommendation | None:
@@ -89,6 +91,7 @@ class EvalLessOften(Rule):
 class AsyncCheckpoint(Rule):
     id = "async_checkpoint"
     acts_on = "whole run"
+    changes = ("save",)
     summary = "checkpoints written in the background after a copy to host memory, where the writes stop training"
     injects = ("async_checkpoint",)
 

@@ -24,6 +24,7 @@ QUEUED_CONTEND = 0.2
 class NumWorkers(Rule):
     id = "num_workers"
     acts_on = "input"
+    changes = ("loader",)
     summary = ("the loader's worker processes (or threads): more where the step waits for batches, Little's law "
                "where the reads wait on storage, fewer where they outnumber the cores")
     injects = ("num_workers", "persistent_workers", "threads")

@@ -25,6 +25,23 @@ JSON = dict[str, Any]
 
 
 @dataclass(frozen=True)
+class Site:
+    """Where in the script an object a fix changes was made or used (capture/sites.py): the first frame outside torch,
+    trainfast and installed packages; `framework` the framework whose code made it on the script's behalf, met on the
+    way (its own setting decides it then). `what`: "loader" (a DataLoader's construction, `index` its loader's),
+    "model" (the trained model's construction), "to" (its last `.to()`/`.cuda()`), "forward" (its first training
+    call), "evaluation" (its first call with gradients off), "autocast" (the script's first autocast block), "save"
+    (its first checkpoint write)."""
+
+    what: str
+    file: str | None
+    line: int | None
+    code: str = ""
+    framework: str | None = None
+    index: int | None = None
+
+
+@dataclass(frozen=True)
 class TimelineRecord:
     """The measured steps and what the timeline counted (timeline.py)."""
 
@@ -134,6 +151,7 @@ class Capture:
     loader_headroom: float | None = None  # the loader replayed alone over training (diagnose())
     whole: WholeRecord | None = None
     final: bool = True
+    sites: tuple[Site, ...] = ()
 
     def to_json(self) -> JSON:
         encoded: JSON = _encode(self)
@@ -155,7 +173,7 @@ class Capture:
             monitor=Series.from_json(data["monitor"]) if data["monitor"] is not None else None,
             env=data["env"], script=data["script"], notes=tuple(data["notes"]), oom=data["oom"],
             loader_headroom=data["loader_headroom"], whole=_whole(w) if w is not None else None,
-            final=data["final"])
+            final=data["final"], sites=tuple(Site(**site) for site in data.get("sites", ())))
 
 
 def _encode(value: Any) -> Any:

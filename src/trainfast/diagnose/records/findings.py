@@ -24,6 +24,24 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Where:
+    """Where a fix is made permanent (fixes/where.py): the file and line of the script's own code that made (or
+    called) what the fix changes, that code, what it is, and where a framework made it on the script's behalf, that
+    framework and its own setting for the fix (`setting`)."""
+
+    what: str  # a capture Site's `what`: "loader", "model", "to", "forward", "evaluation", "autocast", "save"
+    file: str | None
+    line: int | None
+    code: str = ""
+    framework: str | None = None
+    setting: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {"what": self.what, "file": self.file, "line": self.line, "code": self.code,
+                "framework": self.framework, "setting": self.setting}
+
+
+@dataclass(frozen=True)
 class Recommendation:
     id: str
     title: str
@@ -39,6 +57,7 @@ class Recommendation:
     basis_reason: str | None = None  # an estimate's: why nothing was measured
     # `doctor --whole-run`: the gain on the whole run's wall time (Amdahl on the phase's share: fixes/run.py)
     run_gain: float | None = None
+    where: Where | None = field(default=None, compare=False)  # where to make it permanent (fixes/where.py)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Recommendation:
@@ -46,7 +65,8 @@ class Recommendation:
         return cls(id=data["id"], title=data["title"], why=data["why"], fix=data["fix"],
                    expected_gain=data.get("expected_gain"), overrides=data.get("overrides"),
                    measured_gain=data.get("measured_gain"), gain_basis=data.get("gain_basis") or "estimate",
-                   basis_reason=data.get("gain_basis_reason"), run_gain=data.get("run_gain"))
+                   basis_reason=data.get("gain_basis_reason"), run_gain=data.get("run_gain"),
+                   where=Where(**data["where"]) if data.get("where") else None)
 
     def to_json(self) -> dict[str, object]:
         return {"id": self.id, "title": self.title, "why": self.why, "fix": self.fix,
@@ -54,7 +74,7 @@ class Recommendation:
                 "measured_gain": None if self.measured_gain is None else round(self.measured_gain, 3),
                 "run_gain": None if self.run_gain is None else round(self.run_gain, 3),
                 "gain_basis": self.gain_basis, "gain_basis_reason": self.basis_reason,
-                "overrides": self.overrides}
+                "overrides": self.overrides, "where": None if self.where is None else self.where.to_json()}
 
 
 TOPICS = ("measurement", "noise", "fixes", "job")

@@ -18,6 +18,7 @@ from trainfast.diagnose.evidence.notes import measurement_notes, uncounted_sampl
 from trainfast.diagnose.fixes import recommend
 from trainfast.diagnose.fixes.notes import not_offered, not_offered_on_the_run, unaddressed_input
 from trainfast.diagnose.fixes.run import run_fixes
+from trainfast.diagnose.fixes.where import locate
 from trainfast.diagnose.records.capture import Capture
 from trainfast.diagnose.records.findings import Note, Recommendation, Verdict
 from trainfast.diagnose.records.steps import Fractions, LoaderStats, StepRecord, main_loader, max_speedups
@@ -139,6 +140,7 @@ def build(capture: Capture) -> Report:
     if evidence.run is not None:
         recommendations = run_fixes(evidence, evidence.run, recommendations)
         notes += not_offered_on_the_run(evidence)
+    recommendations = locate(recommendations, evidence, capture.sites)
     notes += uncounted_samples(t)
     return Report(
         verdict=verdict, fractions=evidence.fractions if records else None, steps=records,

@@ -126,7 +126,9 @@ def fixes_to_apply(report: Mapping[str, Any], only: Sequence[str] | None = None)
         chosen = [fix for fix in fixes if fix.id in named]  # the report's order: its ranking decides conflicts
         warnings = [_unverified(fix) for fix in chosen if not fix.verified_faster]
     _check(chosen)
-    overrides, notes = _merge(chosen)
+    from trainfast.diagnose.capture.inject import merge_overrides  # (torch: where a fix is applied)
+
+    overrides, notes = merge_overrides([(fix.id, fix.overrides) for fix in chosen])
     return Selection(tuple(chosen), overrides, tuple(notes), tuple(warnings))
 
 
@@ -266,18 +268,3 @@ def _check(fixes: Sequence[Fix]) -> None:
             check_overrides(fix.overrides)
         except ValueError as e:
             raise ValueError(f"fix {fix.id}: {e}") from None
-
-
-def _merge(fixes: Sequence[Fix]) -> tuple[dict[str, Any], list[str]]:
-    """The fixes' overrides as one mapping; where two set a key differently, the first (higher-ranked) wins."""
-    merged: dict[str, Any] = {}
-    owner: dict[str, str] = {}
-    notes = []
-    for fix in fixes:
-        for key, value in fix.overrides.items():
-            if key not in merged:
-                merged[key], owner[key] = value, fix.id
-            elif merged[key] != value or type(merged[key]) is not type(value):
-                notes.append(f"{fix.id}'s {key}={value} is not applied: {owner[key]}, ranked higher in the report, "
-                             f"sets {key}={merged[key]}")
-    return merged, notes

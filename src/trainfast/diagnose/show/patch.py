@@ -19,13 +19,15 @@ gives a line in `skipped` saying what to do by hand. A call is edited all or not
 from __future__ import annotations
 
 import ast
-import difflib
 import keyword as py_keyword
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from trainfast.diagnose.show.call_layout import with_added
+from trainfast.diagnose.show.unified_diff import unified_diff
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -170,7 +172,7 @@ def _patch_file(path: Path, rel: str, edits: list[tuple[int, KeywordEdit]]) -> _
     if not plans:
         return result
     new_text = module.visit(_editor(plans)).code
-    result.diff = _unified_diff(text, new_text, rel)
+    result.diff = unified_diff(text, new_text, rel)
     return result
 
 
@@ -252,68 +254,9 @@ def _editor(plans: dict[int, _CallPlan]) -> cst.CSTTransformer:
                 for arg in updated_node.args
             ]
             call = updated_node.with_changes(args=args)
-            return _with_added(call, plan.add) if plan.add else call
+            return with_added(call, plan.add) if plan.add else call
 
     return Editor()
-
-
-def _with_added(call: cst.Call, add: Mapping[str, str]) -> cst.Call:
-    """`call` with keyword arguments appended, laid out like its own: on the same line for a one-line call, each on
-    its own line with the arguments' indentation for a call with one argument per line, a trailing comma kept."""
-    import libcst as cst
-
-    args = list(call.args)
-    # `k = v` or `k=v`, as the call already writes its keywords
-    equal = next((arg.equal for arg in args if arg.keyword is not None),
-                 cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
-    new = [cst.Arg(keyword=cst.Name(k), equal=equal, value=cst.parse_expression(v)) for k, v in add.items()]
-    if not args:
-        for i in range(len(new) - 1):
-            new[i] = new[i].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        return call.with_changes(args=new)
-
-    last = args[-1]
-    # The whitespace before the last argument is the call's separator: a new line and an indentation, or a space.
-    before_last = args[-2].comma if len(args) > 1 else None
-    sep: cst.BaseParenthesizableWhitespace
-    if isinstance(before_last, cst.Comma):
-        sep = before_last.whitespace_after
-    elif isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):
-        sep = call.whitespace_before_args
-    else:
-        sep = cst.SimpleWhitespace(" ")
-    trailing = isinstance(last.comma, cst.Comma)
-    # What follows the last argument up to `)`: its line's comment, comment lines, the indentation of `)`.
-    tail = last.comma.whitespace_after if isinstance(last.comma, cst.Comma) else last.whitespace_after_arg
-
-    def between(first_line: cst.TrailingWhitespace | None = None) -> cst.BaseParenthesizableWhitespace:
-        if isinstance(sep, cst.ParenthesizedWhitespace):
-            return cst.ParenthesizedWhitespace(first_line=first_line or cst.TrailingWhitespace(), empty_lines=[],
-                                               indent=sep.indent, last_line=sep.last_line)
-        return sep
-
-    after_last: cst.BaseParenthesizableWhitespace
-    end: cst.BaseParenthesizableWhitespace
-    if isinstance(tail, cst.ParenthesizedWhitespace) and isinstance(sep, cst.ParenthesizedWhitespace):
-        # The last argument's comment stays on its line; the new ones go between it and the lines before `)`.
-        after_last = between(tail.first_line)
-        end = cst.ParenthesizedWhitespace(first_line=cst.TrailingWhitespace(), empty_lines=tail.empty_lines,
-                                          indent=tail.indent, last_line=tail.last_line)
-    else:
-        after_last = between()
-        end = tail
-    if isinstance(last.comma, cst.Comma):
-        args[-1] = last.with_changes(comma=last.comma.with_changes(whitespace_after=after_last))
-    else:
-        args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=after_last),
-                                     whitespace_after_arg=cst.SimpleWhitespace(""))
-    for i in range(len(new) - 1):
-        new[i] = new[i].with_changes(comma=cst.Comma(whitespace_after=between()))
-    if trailing:
-        new[-1] = new[-1].with_changes(comma=cst.Comma(whitespace_after=end))
-    else:
-        new[-1] = new[-1].with_changes(whitespace_after_arg=end)
-    return call.with_changes(args=[*args, *new])
 
 
 def _callee_name(call: cst.Call) -> str | None:
@@ -413,43 +356,3 @@ def _not_made(edit: KeywordEdit) -> str:
 
 def _first_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "")
-
-
-def _lines(text: str) -> list[str]:
-    """The lines as git sees them: split at "\\n" only, each keeping its ending ("\\r\\n" stays whole)."""
-    parts = text.split("\n")
-    lines = [part + "\n" for part in parts[:-1]]
-    if parts[-1]:
-        lines.append(parts[-1])
-    return lines
-
-
-def _unified_diff(old: str, new: str, rel: str) -> str:
-    a, b = _git_path("a/" + rel), _git_path("b/" + rel)
-    # git ends a name that holds a space with a tab in the ---/+++ lines, so that the name's end is not a guess.
-    tab = "\t" if " " in rel else ""
-    out = [f"diff --git {a} {b}\n", f"--- {a}{tab}\n", f"+++ {b}{tab}\n"]
-    hunks = difflib.unified_diff(_lines(old), _lines(new), n=3)
-    for i, line in enumerate(hunks):
-        if i < 2:  # difflib's own ---/+++ lines, written above with git's names
-            continue
-        out.append(line)
-        if not line.endswith("\n"):  # the file's last line, without a newline
-            out.append("\n\\ No newline at end of file\n")
-    return "".join(out)
-
-
-_ESCAPES = {'"': '\\"', "\\": "\\\\", "\a": "\\a", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\v": "\\v", "\f": "\\f",
-            "\r": "\\r"}
-
-
-def _git_path(path: str) -> str:
-    """A path as git writes it in a diff: in C quotes, UTF-8 bytes in octal, when it holds a quote, a backslash, a
-    control or a non-ASCII character (`git apply` reads that form back)."""
-    if not any(ch in _ESCAPES or ord(ch) < 0x20 or ord(ch) >= 0x7F for ch in path):
-        return path
-    out = []
-    for byte in path.encode("utf-8", "surrogateescape"):
-        ch = chr(byte)
-        out.append(_ESCAPES.get(ch) or (f"\\{byte:03o}" if byte < 0x20 or byte >= 0x7F else ch))
-    return '"' + "".join(out) + '"'

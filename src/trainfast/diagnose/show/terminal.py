@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from trainfast.diagnose.report.job import PHASE_WORDS, STRAGGLER_SHARE, _ms, job_collectives
+from trainfast.diagnose.report.verify import set_line
 from trainfast.diagnose.show.look import NO_VERDICT, PARTS, PHASE_COLOURS, VERDICTS
 from trainfast.diagnose.show.text import compute_line, gain, lost_progress_line, oom_headline, oom_paragraph
 from trainfast.trainer.phases import PHASES
@@ -58,6 +60,9 @@ def render_terminal(report: Mapping[str, Any], console: Console | None = None) -
         console.print(table)
     if report.get("recommendations"):
         console.print(_fixes(report))
+        together = (report.get("verify") or {}).get("set")
+        if together:
+            console.print(f"verified {escape(set_line(together))}")
     elif verdict is not None:
         console.print("no fix to recommend from what was measured")
     for check in (report.get("env") or {}).get("checks", []):
@@ -88,8 +93,35 @@ def _fixes(report: Mapping[str, Any]) -> Table:
         reason = r.get("gain_basis_reason")
         estimate = f"\nan estimate: {reason}" if r["gain_basis"] == "estimate" and reason else ""
         fix = f"\nfix: [cyan]{escape(r['fix'])}[/]" if r["fix"] else ""
-        table.add_row(r["id"], *run, expected, *measured, f"[bold]{r['title']}[/]\nwhy: {r['why']}{estimate}{fix}")
+        where = f"\n{escape(where_line(r['where']))}" if r.get("where") else ""
+        unverified = verify_error(report, r["id"]) if verified and r["measured_gain"] is None else None
+        fix += f"\nnot verified: {escape(unverified)}" if unverified else ""
+        table.add_row(r["id"], *run, expected, *measured,
+                      f"[bold]{r['title']}[/]\nwhy: {r['why']}{estimate}{fix}{where}")
     return table
+
+
+def where_line(where: Mapping[str, Any]) -> str:
+    """Where a fix is made permanent, in a line: the script's file:line and its code, or the framework's setting."""
+    at = f"{_shown(where['file'])}:{where['line']}" if where.get("file") else None
+    if where.get("framework"):
+        called = f" (called from {at})" if at else ""
+        return f"where: {where['setting']} ({where['framework']} makes it{called})"
+    return f"where: {at}  {where['code']}" if at else ""
+
+
+def _shown(path: str) -> str:
+    """A path as the user reads it: relative to the working folder when it is under it."""
+    try:
+        return os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
+    except ValueError:  # another drive (Windows)
+        return path
+
+
+def verify_error(report: Mapping[str, Any], fix_id: str) -> str | None:
+    """Why --verify has no figure for a fix it tried (a failed run, a compile that fell back), or None."""
+    gain = ((report.get("verify") or {}).get("gains") or {}).get(fix_id)
+    return gain.get("error") if gain else None
 
 
 SPARKS = "▁▂▃▄▅▆▇█"

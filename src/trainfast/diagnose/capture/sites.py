@@ -1,0 +1,63 @@
+"""Where the script made what a fix changes (records/capture.py `Site`): the stack when it was made, read from the
+innermost frame outwards, skipping torch, trainfast, the standard library and installed packages, to the first frame
+of the script's own code. A framework's frame met on the way (transformers, Lightning, timm, accelerate) is kept as
+its `framework`: the object was made by that framework, whose own setting decides it (fixes/where.py).
+
+A frame's file is classified once (`_kind`, cached): a walk costs ~1 us a frame. The walks happen at the objects'
+making (a DataLoader, the outermost module under construction, `.to()`) and at a few firsts (the first training
+forward, the first evaluation forward, the first autocast block, the first checkpoint write), never per step."""
+
+from __future__ import annotations
+
+import functools
+import linecache
+import os
+import sys
+import sysconfig
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+
+from trainfast.diagnose.records.capture import Site
+
+# Package folders whose code is a framework's: its own settings make the loaders, the precision and the model
+FRAMEWORKS = {"transformers": "transformers", "lightning": "lightning", "pytorch_lightning": "lightning",
+              "lightning_fabric": "lightning", "timm": "timm", "accelerate": "accelerate"}
+_LIBRARY_ROOTS = tuple(os.path.realpath(p) + os.sep for p in {
+    os.path.dirname(torch.__file__), str(Path(__file__).resolve().parents[2]),  # torch, trainfast
+    *(sysconfig.get_paths().get(key, "") for key in ("stdlib", "platstdlib", "purelib", "platlib"))} if p)
+
+
+@functools.lru_cache(maxsize=4096)
+def _kind(filename: str) -> str:
+    """ "user" (the script's own code), "library" (torch, trainfast, the standard library, an installed package) or
+    the framework's name."""
+    if filename.startswith("<"):  # <frozen runpy>, <string>: not a file a user edits
+        return "library"
+    path = os.path.realpath(filename)
+    parts = path.split(os.sep)
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            package = parts[parts.index(marker) + 1] if parts.index(marker) + 1 < len(parts) else ""
+            return FRAMEWORKS.get(package, "library")
+    return "library" if path.startswith(_LIBRARY_ROOTS) else "user"
+
+
+def site_of(what: str, frame: FrameType | None = None, *, owner: Any = None, index: int | None = None) -> Site | None:
+    """The site of `what`, from `frame` (default: the caller's) outwards; frames whose `self` is `owner` are the
+    object's own constructors (a module's `__init__` chain), not where it was made. None where no frame is the
+    script's and no framework made it."""
+    f: FrameType | None = frame if frame is not None else sys._getframe(1)
+    framework = None
+    while f is not None:
+        kind = _kind(f.f_code.co_filename)
+        if kind == "user" and (owner is None or f.f_locals.get("self") is not owner):
+            filename = f.f_code.co_filename
+            return Site(what, os.path.abspath(filename), f.f_lineno, linecache.getline(filename, f.f_lineno).strip(),
+                        framework, index)
+        if kind not in ("user", "library") and framework is None:
+            framework = kind
+        f = f.f_back
+    return Site(what, None, None, "", framework, index) if framework is not None else None
