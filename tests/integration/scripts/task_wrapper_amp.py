@@ -1,6 +1,7 @@
 """The shape of timm's train.py: the model inside a task wrapper that owns the loss (whose `.to()` refuses a memory
 format), a conv net with depthwise kernels, bf16 autocast (`--amp`), gradient accumulation, optionally
-`--channels-last` (the model and its input in NHWC).
+`--channels-last` (the model and its input in NHWC); `--no-compiler` gives inductor a C++ compiler that is not
+there, as on a machine without one: a torch.compile of its model fails.
 
 Prints its own throughput every --log-steps optimizer steps:
     step 10 samples/s 1234.5 loss 2.3026
@@ -56,7 +57,15 @@ def main():
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--log-steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--no-compiler", action="store_true")
     args = parser.parse_args()
+    if args.no_compiler:
+        import os
+
+        from torch._inductor import config as inductor_config
+
+        inductor_config.cpp.cxx = (None, "/nonexistent/g++")
+        os.environ["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"  # a cached kernel would need no compiler
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)

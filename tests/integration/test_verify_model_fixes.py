@@ -1,0 +1,56 @@
+"""`--verify` injects the model fixes into an unmodified script and measures them (capture/inject_model.py): the
+shape of timm's train.py (tests/integration/scripts/task_wrapper_amp.py: the model inside a task wrapper that refuses
+`.to(memory_format=...)`) re-run with channels_last, bf16 autocast and torch.compile, each between two baselines;
+those verified faster then measured together; and a compile that fails falls back to eager, with the reason as the
+fix's, never a figure that is eager's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainfast.diagnose.records.findings import Recommendation
+from trainfast.diagnose.report.verify import verify_fixes
+from trainfast.margin import FASTER
+
+SCRIPT = Path(__file__).parent / "scripts" / "task_wrapper_amp.py"
+SMALL = ["--threads", "1", "--image-size", "16", "--width", "16", "--batch-size", "8", "--accum", "1"]
+
+pytestmark = [pytest.mark.slow, pytest.mark.torch_compile]
+
+
+def _fix(fix_id: str, overrides: dict[str, object]) -> Recommendation:
+    return Recommendation(fix_id, fix_id, "why", "fix", None, overrides=overrides)
+
+
+def test_channels_last_bf16_and_compile_are_injected_into_the_unmodified_script_and_measured() -> None:
+    fixes = [_fix("channels_last", {"memory_format": "channels_last"}), _fix("amp", {"autocast": "bfloat16"}),
+             _fix("compile", {"compile": True})]
+    ranked, info = verify_fixes(str(SCRIPT), args=SMALL, recommendations=fixes, steps=4, warmup=3,
+                                max_seconds=120)
+    for fix_id in ("channels_last", "amp", "compile"):
+        gain = info["gains"][fix_id]
+        assert gain["error"] is None and gain["median"] is not None, info["runs"]
+    runs = {run["fix"]: run for run in info["runs"]}
+    assert runs["channels_last"]["events"][0].startswith("the model trained (Task, ")  # the wrapper, found
+    assert "channels_last (3 4-D weight(s)" in runs["channels_last"]["events"][0]  # its .to() refused: each tensor
+    assert "bfloat16 autocast around its training forwards" in runs["amp"]["events"][0]
+    assert runs["compile"]["events"] == [runs["compile"]["events"][0]]  # compiled, no fall-back
+    assert all(r.gain_basis == "verified" for r in ranked)
+    faster = sorted(i for i, g in info["gains"].items() if g["median"] >= FASTER)
+    if faster:  # what this machine measured faster alone, measured together
+        together = info["set"]
+        assert sorted(together["ids"]) == faster and together["median"] is not None, together
+        assert len(faster) == 1 or [r["fix"] for r in info["runs"]][-2:] == ["set", "baseline"]
+    else:
+        assert info["set"] is None
+
+
+def test_a_compile_that_fails_falls_back_and_the_fix_says_why_instead_of_a_figure() -> None:
+    _, info = verify_fixes(str(SCRIPT), args=[*SMALL, "--no-compiler"], recommendations=[
+        _fix("compile", {"compile": True})], steps=3, warmup=1, max_seconds=120)
+    gain = info["gains"]["compile"]
+    assert gain["median"] is None and gain["error"].startswith("torch.compile fell back to eager: "), info["runs"]
+    assert "compiler" in gain["error"].lower()
+    assert info["runs"][1]["exit_code"] == 0 and info["set"] is None  # the script itself ran on, eagerly
