@@ -154,3 +154,11 @@ def test_one_fix_verified_faster_is_its_own_set_and_costs_no_more_runs(tmp_path:
     _, info = verify_fixes(str(tmp_path / "train.py"), recommendations=[FIX], steps=5, warmup=1)
     assert info["set"]["ids"] == ["num_workers"] and info["set"]["median"] == pytest.approx(1.8)
     assert len(info["runs"]) == 3 and "the set is num_workers" in verify.set_line(info["set"])
+
+
+def test_every_run_warms_up_past_the_batches_a_fix_holds_in_flight() -> None:
+    """8 workers with 2 batches each in flight: measured before those drain, the window times the queue, not the
+    workers' steady rate."""
+    assert verify.steady_warmup(5, [{"num_workers": 8, "persistent_workers": True}, {"threads": 1}]) == 16
+    assert verify.steady_warmup(5, [{"num_workers": 4, "prefetch_factor": 4}]) == 16
+    assert verify.steady_warmup(5, [{"pin_memory": True}, {"num_workers": 0}]) == 5

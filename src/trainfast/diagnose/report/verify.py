@@ -137,6 +137,7 @@ def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | Non
     plan: list[tuple[str, dict[str, Any] | None]] = [(BASELINE, None), *((r.id, o) for r, o in fixes),
                                                      (BASELINE, None)]
     total = len(plan) * repeats
+    warmup = info["warmup"] = steady_warmup(warmup, [o for _, o in fixes])
     spec = {"target": target, "module": module, "args": list(args or []), "steps": steps, "warmup": warmup,
             "max_seconds": max_seconds, "whole_run": whole_run}
     timeout_s = None if max_seconds is None else max_seconds + startup_margin_s
@@ -177,6 +178,14 @@ def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | Non
 
 
 SET = "set"
+
+
+def steady_warmup(warmup: int, overrides: Sequence[Mapping[str, Any]]) -> int:
+    """The warm-up every run gets: at least the batches a fix's loader workers hold in flight (workers x
+    prefetch_factor, 2 by default). Those fill during the warm-up; measured while they drain, more workers on reads
+    that wait timed 35x the script's speed over 8 steps where their steady rate was a tenth of that."""
+    in_flight = [int(o["num_workers"]) * int(o.get("prefetch_factor") or 2) for o in overrides if o.get("num_workers")]
+    return max([warmup, *in_flight])
 
 
 def _verify_set(members: list[tuple[Recommendation, dict[str, Any]]], measured: Mapping[str, float],
