@@ -57,3 +57,19 @@ def test_a_compile_that_fails_falls_back_and_the_fix_says_why_instead_of_a_figur
     assert run["exit_code"] == 0 and run["samples_per_s"]  # the script itself ran on, eagerly
     assert run["error"].startswith("torch.compile fell back to eager: ") and "compiler" in run["error"].lower(), run
     assert run["events"][-1] == run["error"]
+
+
+def test_a_whole_runs_evaluation_and_checkpoint_fixes_are_injected_and_measured_over_the_runs_wall_time() -> None:
+    """A whole run's fixes show in its wall time, not in its steps: each run goes to the script's end (its
+    fp32 evaluation every 10 steps, a torch.save every 10), and a fix's figure is the samples over that wall time."""
+    script = Path(__file__).parent / "scripts" / "whole_run_loop.py"
+    fixes = [_fix("eval_autocast", {"eval_autocast": "bfloat16"}), _fix("async_checkpoint", {"async_checkpoint": True})]
+    _, info = verify_fixes(str(script), args=["--epochs", "1", "--samples", "640", "--width", "64", "--eval-every",
+                                              "10", "--save-every", "10", "--workers", "0"],
+                           recommendations=fixes, steps=3, warmup=1, max_seconds=120, whole_run=True)
+    assert info["whole_run"] and all(g["median"] is not None for g in info["gains"].values()), info["runs"]
+    runs = {run["fix"]: run for run in info["runs"]}
+    assert "inference_mode + bfloat16 autocast around its evaluation forwards" in runs["eval_autocast"]["events"][0]
+    assert any("torch.save call(s) written in the background" in event
+               for event in runs["async_checkpoint"]["events"]), runs["async_checkpoint"]
+    assert runs["baseline"]["samples_per_s"] == pytest.approx(640 / runs["baseline"]["seconds"], rel=0.5)

@@ -49,13 +49,7 @@ def run_script(target: str, *, module: bool, args: list[str] | None, timeline: T
     exit_code, error, oom = 0, None, None
     try:
         with alarm(seconds, timeline):
-            sys.argv = [target, *(args or [])]
-            if module:
-                sys.path[0:0] = [os.getcwd()]  # what `python -m` puts first
-                runpy.run_module(target, run_name="__main__", alter_sys=True)
-            else:
-                sys.path[0:0] = [str(Path(target).resolve().parent)]  # what `python script.py` puts first
-                runpy.run_path(target, run_name="__main__")
+            run_as_main(target, module=module, args=args or [])
         outcome = "the script finished"
     except StopMeasuring as stop:
         measured, warmup = len(timeline.records), timeline.warmup_steps
@@ -87,6 +81,18 @@ def run_script(target: str, *, module: bool, args: list[str] | None, timeline: T
         os.environ.clear()
         os.environ.update(saved_env)
     return ScriptEnd(exit_code, outcome, error, oom, ended)
+
+
+def run_as_main(target: str, *, module: bool, args: list[str]) -> None:
+    """`target` run as `python target ARGS` (`python -m target ARGS`) would: in this process as `__main__`, with its
+    own `sys.argv` and `sys.path[0]`. The caller puts those (and `os.environ`) back, and reads how it ended."""
+    sys.argv = [target, *args]
+    if module:
+        sys.path[0:0] = [os.getcwd()]  # what `python -m` puts first
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        sys.path[0:0] = [str(Path(target).resolve().parent)]  # what `python script.py` puts first
+        runpy.run_path(target, run_name="__main__")
 
 
 # After its SIGALRM, a rank waits this long (at least; 4x the agreed steps' time when longer) for the agreed step

@@ -1,7 +1,8 @@
 """Where the script made what a fix changes (records/capture.py `Site`): the stack when it was made, read from the
 innermost frame outwards, skipping torch, trainfast, the standard library and installed packages, to the first frame
 of the script's own code. A framework's frame met on the way (transformers, Lightning, timm, accelerate) is kept as
-its `framework`: the object was made by that framework, whose own setting decides it (fixes/where.py).
+its `framework`: the object was made by that framework, whose own setting decides it (fixes/where.py); so is a
+framework that called the script's code (Lightning calling the user's `training_step`).
 
 A frame's file is classified once (`_kind`, cached): a walk costs ~1 us a frame. The walks happen at the objects'
 making (a DataLoader, the outermost module under construction, `.to()`) and at a few firsts (the first training
@@ -45,6 +46,18 @@ def _kind(filename: str) -> str:
     return "library" if path.startswith(_LIBRARY_ROOTS) else "user"
 
 
+def _driven_by(frame: FrameType | None) -> str | None:
+    """The framework that called the script's code (a Lightning hook: the user's `training_step` or
+    `train_dataloader()`), whose setting decides what that code is asked to do; None where the script's own code
+    drives it."""
+    while frame is not None:
+        kind = _kind(frame.f_code.co_filename)
+        if kind not in ("user", "library"):
+            return kind
+        frame = frame.f_back
+    return None
+
+
 def site_of(what: str, frame: FrameType | None = None, *, owner: Any = None, index: int | None = None) -> Site | None:
     """The site of `what`, from `frame` (default: the caller's) outwards; frames whose `self` is `owner` are the
     object's own constructors (a module's `__init__` chain), not where it was made. None where no frame is the
@@ -56,7 +69,7 @@ def site_of(what: str, frame: FrameType | None = None, *, owner: Any = None, ind
         if kind == "user" and (owner is None or f.f_locals.get("self") is not owner):
             filename = f.f_code.co_filename
             return Site(what, os.path.abspath(filename), f.f_lineno, linecache.getline(filename, f.f_lineno).strip(),
-                        framework, index)
+                        framework or _driven_by(f.f_back), index)
         if kind not in ("user", "library") and framework is None:
             framework = kind
         f = f.f_back

@@ -27,8 +27,8 @@ JSON = dict[str, Any]
 @dataclass(frozen=True)
 class Site:
     """Where in the script an object a fix changes was made or used (capture/sites.py): the first frame outside torch,
-    trainfast and installed packages; `framework` the framework whose code made it on the script's behalf, met on the
-    way (its own setting decides it then). `what`: "loader" (a DataLoader's construction, `index` its loader's),
+    trainfast and installed packages; `framework` the framework whose code made it on the script's behalf (met on the
+    way), or called the script's code that did (a Lightning hook): its own setting decides it then. `what`: "loader" (a DataLoader's construction, `index` its loader's),
     "model" (the trained model's construction), "to" (its last `.to()`/`.cuda()`), "forward" (its first training
     call), "evaluation" (its first call with gradients off), "autocast" (the script's first autocast block), "save"
     (its first checkpoint write)."""

@@ -26,8 +26,8 @@ class Verdict:
 @dataclass(frozen=True)
 class Where:
     """Where a fix is made permanent (fixes/where.py): the file and line of the script's own code that made (or
-    called) what the fix changes, that code, what it is, and where a framework made it on the script's behalf, that
-    framework and its own setting for the fix (`setting`)."""
+    called) what the fix changes, that code, what it is, and where a framework made it on the script's behalf (or
+    called that code), that framework and its own setting for the fix (`setting`)."""
 
     what: str  # a capture Site's `what`: "loader", "model", "to", "forward", "evaluation", "autocast", "save"
     file: str | None

@@ -169,14 +169,10 @@ def run_applied(target: str, *, module: bool, args: Sequence[str] | None, overri
 
 def _run(target: str, *, module: bool, args: list[str]) -> int:
     """The script run to its end, its end as an exit code (the traceback or message printed as Python would)."""
+    from trainfast.diagnose.capture.script import run_as_main
+
     try:
-        sys.argv = [target, *args]
-        if module:
-            sys.path[0:0] = [os.getcwd()]  # what `python -m` puts first
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            sys.path[0:0] = [str(Path(target).resolve().parent)]  # what `python script.py` puts first
-            runpy.run_path(target, run_name="__main__")
+        run_as_main(target, module=module, args=args)
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             return int(e.code or 0)
@@ -192,9 +188,11 @@ def _run(target: str, *, module: bool, args: list[str]) -> int:
     return 0
 
 
-# The frames above the script's own: this module's and runpy's, which Python's traceback of `python script.py` does not
-# show (it starts at the script's <module>); runpy's read "<frozen runpy>" where the interpreter froze it
-_ABOVE = {__file__, runpy.__file__, "<frozen runpy>"}
+# The frames above the script's own: this module's, capture/script.py's and runpy's, which Python's traceback of
+# `python script.py` does not show (it starts at the script's <module>); runpy's read "<frozen runpy>" where the
+# interpreter froze it
+_ABOVE = {__file__, os.path.join(os.path.dirname(os.path.dirname(__file__)), "capture", "script.py"),
+          runpy.__file__, "<frozen runpy>"}
 
 
 def _script_frames(tb: TracebackType | None) -> TracebackType | None:

@@ -26,7 +26,7 @@ from trainfast.diagnose.show.look import PARTS as LOOK_PARTS
 from trainfast.diagnose.show.look import PHASE_COLOURS as LOOK_PHASES
 from trainfast.diagnose.show.svg import escape, line_chart_svg, stacked_bars_svg
 from trainfast.diagnose.show.text import gain as gain_text
-from trainfast.diagnose.show.text import lost_progress_line
+from trainfast.diagnose.show.text import lost_progress_line, where_line
 from trainfast.units import MIB
 
 MAX_BARS = 400  # timeline bars drawn at most; above this, each bar averages consecutive steps
@@ -184,9 +184,11 @@ def _fixes(report: dict[str, Any]) -> str:
         if measured is not None:  # --verify re-ran the script with the fix
             gain_html += f'<div class="gain" title="measured speed-up (--verify)">measured {gain_text(measured)}</div>'
         rid = f' <span class="muted">({escape(rec["id"])})</span>' if rec.get("id") not in (None, "") else ""
+        where = where_line(_dict(rec.get("where"))) if rec.get("where") else ""
+        where_html = f'<div class="how">{escape(where)}</div>' if where else ""
         items.append(f'<li><div class="rank">{rank}</div><div class="fix-title">{escape(rec.get("title") or NA)}{rid}'
                      f'</div>{gain_html}<div class="why">{escape(rec.get("why") or NA)}</div>'
-                     f'<div class="how">fix: <code>{escape(rec.get("fix") or NA)}</code></div></li>')
+                     f'<div class="how">fix: <code>{escape(rec.get("fix") or NA)}</code></div>{where_html}</li>')
     return f'<ol class="fixes">{"".join(items)}</ol>'
 
 

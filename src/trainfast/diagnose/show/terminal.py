@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,7 +13,14 @@ from rich.table import Table
 from trainfast.diagnose.report.job import PHASE_WORDS, STRAGGLER_SHARE, _ms, job_collectives
 from trainfast.diagnose.report.verify import set_line
 from trainfast.diagnose.show.look import NO_VERDICT, PARTS, PHASE_COLOURS, VERDICTS
-from trainfast.diagnose.show.text import compute_line, gain, lost_progress_line, oom_headline, oom_paragraph
+from trainfast.diagnose.show.text import (
+    compute_line,
+    gain,
+    lost_progress_line,
+    oom_headline,
+    oom_paragraph,
+    where_line,
+)
 from trainfast.trainer.phases import PHASES
 
 
@@ -99,23 +105,6 @@ def _fixes(report: Mapping[str, Any]) -> Table:
         table.add_row(r["id"], *run, expected, *measured,
                       f"[bold]{r['title']}[/]\nwhy: {r['why']}{estimate}{fix}{where}")
     return table
-
-
-def where_line(where: Mapping[str, Any]) -> str:
-    """Where a fix is made permanent, in a line: the script's file:line and its code, or the framework's setting."""
-    at = f"{_shown(where['file'])}:{where['line']}" if where.get("file") else None
-    if where.get("framework"):
-        called = f" (called from {at})" if at else ""
-        return f"where: {where['setting']} ({where['framework']} makes it{called})"
-    return f"where: {at}  {where['code']}" if at else ""
-
-
-def _shown(path: str) -> str:
-    """A path as the user reads it: relative to the working folder when it is under it."""
-    try:
-        return os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
-    except ValueError:  # another drive (Windows)
-        return path
 
 
 def verify_error(report: Mapping[str, Any], fix_id: str) -> str | None:

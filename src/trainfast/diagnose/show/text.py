@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
@@ -54,3 +56,21 @@ def gain(value: float) -> str:
     """A gain as the report's JSON holds it (3 decimals), shown to 2, half up: 1.255 reads "1.26x", as a reader of
     the JSON would round it (binary floating point would print 1.25)."""
     return f"{Decimal(repr(value)).quantize(Decimal('0.01'), ROUND_HALF_UP)}x"
+
+
+def where_line(where: Mapping[str, Any]) -> str:
+    """Where a fix is made permanent: the script's file:line and its code, and, where a framework made the object or
+    called that code, the framework's own setting for the fix (a second line)."""
+    at = f"where: {_shown(where['file'])}:{where['line']}  {where['code']}" if where.get("file") else ""
+    if where.get("framework"):
+        setting = f"{where['framework']}'s setting: {where['setting']}"
+        return f"{at}\n{setting}" if at else setting
+    return at
+
+
+def _shown(path: str) -> str:
+    """A path as the user reads it: relative to the working folder when it is under it."""
+    try:
+        return os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
+    except ValueError:  # another drive (Windows)
+        return path
