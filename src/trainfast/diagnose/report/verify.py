@@ -169,7 +169,7 @@ def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | Non
             gains[fix_id] = _gain(values, gains[fix_id]["error"] or errors.get(fix_id))
             if values:
                 measured[fix_id] = statistics.median(values)
-        info["set"] = _verify_set([(r, o) for r, o in fixes if measured.get(r.id, 0.0) >= FASTER], measured,
+        info["set"] = _verify_set([(r, o) for r, o in fixes if measured.get(r.id, 0.0) >= FASTER], gains,
                                   runs, repeats, say, **child)
     info["seconds"] = time.perf_counter() - started
     verified = [replace(r, measured_gain=measured[r.id], gain_basis="verified", basis_reason=None)
@@ -188,7 +188,7 @@ def steady_warmup(warmup: int, overrides: Sequence[Mapping[str, Any]]) -> int:
     return max([warmup, *in_flight])
 
 
-def _verify_set(members: list[tuple[Recommendation, dict[str, Any]]], measured: Mapping[str, float],
+def _verify_set(members: list[tuple[Recommendation, dict[str, Any]]], gains: Mapping[str, Mapping[str, Any]],
                 runs: list[dict[str, Any]], repeats: int, say: Callable[[str], None],
                 **child: Any) -> dict[str, Any] | None:
     """The fixes verified faster alone, applied at once (the set a user would apply), each repeat followed by one
@@ -197,13 +197,15 @@ def _verify_set(members: list[tuple[Recommendation, dict[str, Any]]], measured: 
     what bf16 gains)."""
     if not members:
         return None
+    measured = {fix_id: gain["median"] for fix_id, gain in gains.items() if gain["median"] is not None}
     members = sorted(members, key=lambda m: -measured[m[0].id])  # the rank of what they measured: first wins
     ids = [r.id for r, _ in members]
     merged, dropped = merge_overrides([(r.id, o) for r, o in members])
     entry: dict[str, Any] = {"ids": ids, "overrides": merged, "dropped": dropped, "vanished": [], "runs": [],
                              **_gain([])}
-    if len(members) == 1:
-        entry.update(_gain([measured[ids[0]]]), note=f"one fix verified faster alone: the set is {ids[0]}")
+    if len(members) == 1:  # its own runs are the set's
+        entry.update({k: gains[ids[0]][k] for k in ("median", "min", "max", "measured_repeats", "error")},
+                     note=f"one fix verified faster alone: the set is {ids[0]}")
         return entry
     say(f"verify: the {len(ids)} fixes verified faster, at once: {', '.join(ids)}"
         + (f" ({'; '.join(dropped)})" if dropped else ""))
