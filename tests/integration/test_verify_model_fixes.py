@@ -72,4 +72,6 @@ def test_a_whole_runs_evaluation_and_checkpoint_fixes_are_injected_and_measured_
     assert "inference_mode + bfloat16 autocast around its evaluation forwards" in runs["eval_autocast"]["events"][0]
     assert any("torch.save call(s) written in the background" in event
                for event in runs["async_checkpoint"]["events"]), runs["async_checkpoint"]
-    assert runs["baseline"]["samples_per_s"] == pytest.approx(640 / runs["baseline"]["seconds"], rel=0.5)
+    # the figure is the samples over the script's own wall time, which leaves out what the run's seconds hold too:
+    # the child's interpreter start, torch's import and the doctor's report
+    assert 640 / runs["baseline"]["seconds"] < runs["baseline"]["samples_per_s"]
