@@ -28,10 +28,10 @@ JSON = dict[str, Any]
 class Site:
     """Where in the script an object a fix changes was made or used (capture/sites.py): the first frame outside torch,
     trainfast and installed packages; `framework` the framework whose code made it on the script's behalf (met on the
-    way), or called the script's code that did (a Lightning hook): its own setting decides it then. `what`: "loader" (a DataLoader's construction, `index` its loader's),
-    "model" (the trained model's construction), "to" (its last `.to()`/`.cuda()`), "forward" (its first training
-    call), "evaluation" (its first call with gradients off), "autocast" (the script's first autocast block), "save"
-    (its first checkpoint write)."""
+    way), or called the script's code that did (a Lightning hook): its own setting decides it then. `what`:
+    "loader" (a DataLoader's construction, `index` its loader's), "model" (the trained model's construction), "to"
+    (its last `.to()`/`.cuda()`), "forward" (its first training call), "evaluation" (its first call with gradients
+    off), "autocast" (the script's first autocast block), "save" (its first checkpoint write)."""
 
     what: str
     file: str | None
