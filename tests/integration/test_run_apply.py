@@ -127,12 +127,14 @@ def test_what_happened_to_the_fixes_is_said_after_the_script(tmp_path: Path, cap
 
 
 DDP = """\
+import os
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 dist.init_process_group("gloo")
 loader = DataLoader(range(8), batch_size=2)
-print("rank", dist.get_rank(), "num_workers", loader.num_workers, flush=True)
+# one write for the whole line: unbuffered, print's pieces from two ranks interleaved ("rankrank 0 ...")
+os.write(1, f"rank {dist.get_rank()} num_workers {loader.num_workers}\\n".encode())
 dist.barrier()
 dist.destroy_process_group()
 """
