@@ -64,6 +64,12 @@ def auto_prefetch(workers: int) -> int:
     return max(2, math.ceil(IN_FLIGHT_BATCHES / workers))
 
 
+def batches_in_flight(num_workers: int, prefetch_factor: int | None) -> int:
+    """The batches a DataLoader's workers hold loaded ahead: `num_workers` x `prefetch_factor` (torch's default 2).
+    A measurement that starts before they drain times the queue, not the workers' rate."""
+    return num_workers * (2 if prefetch_factor is None else prefetch_factor)
+
+
 def threads_beside_workers(cpus: int, workers: int) -> int:
     """Intra-op threads for CPU training next to `workers` loader processes."""
     return max(1, cpus - workers)

@@ -27,7 +27,7 @@ from trainfast.envcheck.checks import (
     shm_needed_bytes,
 )
 from trainfast.host import Memory, memory
-from trainfast.loader.auto import LoaderPlan
+from trainfast.loader.auto import LoaderPlan, batches_in_flight
 from trainfast.units import format_bytes
 
 __all__ = ["FailureKind", "LoaderError", "explain_failure", "fit_shared_memory", "read_memory",
@@ -130,7 +130,7 @@ def _in_flight(num_workers: int, prefetch_factor: int | None) -> str:
     if num_workers == 0:
         return "num_workers=0"
     pf = 2 if prefetch_factor is None else prefetch_factor
-    return f"num_workers={num_workers} x prefetch_factor={pf} = {num_workers * pf} batches in flight"
+    return f"num_workers={num_workers} x prefetch_factor={pf} = {batches_in_flight(num_workers, pf)} batches in flight"
 
 
 def _shm_free() -> str:

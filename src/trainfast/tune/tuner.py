@@ -13,7 +13,7 @@ import torch
 from trainfast.atomic import as_write_failure
 from trainfast.device import DeviceClock
 from trainfast.host import available_cpus
-from trainfast.loader.auto import threads_beside_workers
+from trainfast.loader.auto import batches_in_flight, threads_beside_workers
 from trainfast.loader.make import make_loader
 from trainfast.loader.options import LoaderOptions
 from trainfast.loader.resolve import resolve_loader
@@ -95,8 +95,7 @@ def tune_loader(dataset: Any, batch_size: int, step_fn: TrainStep | None = None,
         cap = batches if batches is not None else MAX_BATCHES
 
         def measure(config: WorkerSettings, beat: float | None) -> Trial:
-            warmup = 2 + config.num_workers * (config.prefetch_factor or 2)  # past the filled queues
-            trial = run_trial(dataset, batch_size, config, step_fn=step_fn, batches=cap, warmup=warmup,
+            trial = run_trial(dataset, batch_size, config, step_fn=step_fn, batches=cap, warmup=_past_queues(config),
                               device=device, precision=PRECISION, beat=beat, max_s=budget_s * TRIAL_SHARE)
             progress.info("tune: %-48s %9.0f samples/s (%d batches, %.1f s)", config.label(), trial.samples_per_s,
                           trial.batches, trial.seconds)
@@ -115,7 +114,7 @@ def tune_loader(dataset: Any, batch_size: int, step_fn: TrainStep | None = None,
 
             def run(config: WorkerSettings) -> Trial:
                 trial = run_trial(dataset, batch_size, config, step_fn=step_fn, batches=cap,
-                                  warmup=2 + config.num_workers * (config.prefetch_factor or 2), device=device,
+                                  warmup=_past_queues(config), device=device,
                                   max_s=per_run)
                 progress.info("tune: confirm %-40s %9.0f samples/s", config.label(), trial.samples_per_s)
                 return trial
@@ -131,6 +130,11 @@ def tune_loader(dataset: Any, batch_size: int, step_fn: TrainStep | None = None,
     if save:
         _cache(result)
     return result
+
+
+def _past_queues(config: WorkerSettings) -> int:
+    """A trial's warm-up: 2 batches past the queues its workers fill first."""
+    return 2 + batches_in_flight(config.num_workers, config.prefetch_factor)
 
 
 def _cache(result: TuneResult) -> None:

@@ -40,6 +40,7 @@ from trainfast.diagnose.fixes.rule import rank
 from trainfast.diagnose.records.findings import Recommendation
 from trainfast.diagnose.report.report import Report
 from trainfast.diagnose.report.verify_runs import child_env, run_child
+from trainfast.loader.auto import batches_in_flight
 from trainfast.margin import FASTER
 
 log = logging.getLogger("trainfast.diagnose")
@@ -81,13 +82,12 @@ def _fmt_overrides(overrides: Mapping[str, Any] | None) -> str:
 
 
 def _record(label: str, overrides: dict[str, Any] | None, say: Callable[[str], None], runs: list[dict[str, Any]],
-            total: int, **child: Any) -> dict[str, Any]:
+            total: int, *, spec: dict[str, Any], **child: Any) -> dict[str, Any]:
     """One child run (`_run_child`), warmed up past its own workers' batches in flight, said before and after,
     appended to `runs`."""
     n = len(runs) + 1
     what = "baseline (the script unchanged)" if overrides is None else f"{label} ({_fmt_overrides(overrides)})"
     say(f"verify {n}/{total}: {what} ...")
-    spec = child.pop("spec")
     spec = spec | {"warmup": steady_warmup(spec["warmup"], overrides)}
     run = run_child(label, overrides, name=f"run{n:03d}", spec=spec, **child) | {"warmup": spec["warmup"]}
     runs.append(run)
@@ -147,7 +147,8 @@ def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | Non
     errors: dict[str, str] = {}
     _free_device_memory()
     with tempfile.TemporaryDirectory(prefix="trainfast-verify-") as tmp:
-        child = {"spec": spec, "workdir": Path(tmp), "env": child_env(), "cwd": os.getcwd(), "timeout_s": timeout_s}
+        child: dict[str, Any] = {"spec": spec, "workdir": Path(tmp), "env": child_env(), "cwd": os.getcwd(),
+                                 "timeout_s": timeout_s}
         for repeat in range(repeats):
             this_repeat = [_record(label, overrides, say, runs, total, **child) | {"repeat": repeat}
                            for label, overrides in plan]
@@ -187,8 +188,8 @@ def steady_warmup(warmup: int, overrides: Mapping[str, Any] | None) -> int:
     default). Those fill during the warm-up; measured while they drain, more workers on reads that wait timed 35x the
     script's speed over 8 steps where their steady rate was a tenth of that. Only the runs with such workers wait for
     them: a baseline warmed up past 26 workers' 52 batches of 20 ms reads took 26 s where its fix took 7 s."""
-    workers = int((overrides or {}).get("num_workers") or 0)
-    return max(warmup, workers * int((overrides or {}).get("prefetch_factor") or 2))
+    overrides = overrides or {}
+    return max(warmup, batches_in_flight(int(overrides.get("num_workers") or 0), overrides.get("prefetch_factor")))
 
 
 def _verify_set(members: list[tuple[Recommendation, dict[str, Any]]], gains: Mapping[str, Mapping[str, Any]],
