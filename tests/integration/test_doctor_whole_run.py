@@ -73,3 +73,32 @@ def test_whole_run_phases_match_the_scripts_own_timing_and_the_evaluation_fix_is
             "phases/evaluation_share", "phases/train_s"} <= tags
     assert len(events.Scalars("throughput/samples_per_s")) == len(whole["throughput"])
     assert events.Scalars("run/goodput")[0].value == pytest.approx(whole["goodput"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_an_evaluation_that_fetches_with_gradients_on_is_evaluation_and_a_save_period_is_named(tmp_path: Path) -> None:
+    # The HF Trainer's evaluation loop: model.eval(), batches fetched outside no_grad, each forward under it. Its
+    # batches once counted as training batches, each evaluation's first as an epoch start ("every 8th step (each
+    # epoch's first)" where no epoch began). One epoch of 48 steps: an evaluation every 8, a save every 4.
+    report_path = tmp_path / "report.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "trainfast", "doctor", "--whole-run", "--steps", "30", "--warmup", "2",
+         "--json", str(report_path), str(SCRIPTS / "whole_run_loop.py"), "--", "--epochs", "1", "--samples", "3072",
+         "--width", "512", "--eval-every", "8", "--eval-batches", "8", "--eval-batch-size", "256", "--save-every",
+         "4", "--workers", "0", "--precision", "fp32", "--eval-fetch-with-grad"],
+        capture_output=True, text=True, timeout=170, env=os.environ | {"OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    truth = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("truth "))[6:])
+    report = json.loads(report_path.read_text())
+    whole = report["whole_run"]
+    got = {p["phase"]: p["seconds"] for p in whole["phases"]}
+    wall = truth["wall_s"] - whole["doctor_s"]
+    assert abs(got["evaluation"] / whole["wall_s"] - truth["evaluation_s"] / wall) < 0.03, (got, truth)
+    assert whole["evaluation"]["passes"] == 48 // 8 and whole["epoch_start"]["epochs"] == 1
+    assert whole["train"]["samples"] == truth["samples"]
+    assert report["timeline_summary"]["evaluation_steps"] >= 2 if "timeline_summary" in report else True
+    periodic = report["observed"]["periodic"]
+    if periodic is not None:  # the saves between evaluations: named by what the doctor saw there, never an epoch
+        assert not periodic["epoch_starts"] and "a checkpoint save" in periodic["seen"], periodic
+        assert "(each with a checkpoint save" in run.stdout
+    assert "each epoch's first" not in run.stdout

@@ -1,6 +1,8 @@
 """A whole training run in the shape people write it: a DataLoader with worker processes restarted every epoch,
 bf16 autocast in the training step, an evaluation pass in fp32 (model.eval() + no_grad) every --eval-every steps,
-a torch.save checkpoint every --save-every steps, a print at each log point.
+a torch.save checkpoint every --save-every steps, a print at each log point. With --eval-fetch-with-grad, the
+evaluation fetches its batches with gradients on and runs each forward under no_grad, as the HF Trainer's
+evaluation loop does.
 
 It times its own phases without trainfast (perf_counter around each evaluation and each save, the process's start
 from the OS) and prints them last, as one JSON line: `truth {"wall_s": ..., "startup_s": ..., "evaluation_s": ...,
@@ -30,6 +32,8 @@ def main():
     parser.add_argument("--eval-batches", type=int, default=8)
     parser.add_argument("--eval-batch-size", type=int, default=None, help="default: --batch-size")
     parser.add_argument("--save-every", type=int, default=25)
+    parser.add_argument("--eval-fetch-with-grad", action="store_true",
+                        help="fetch evaluation batches outside no_grad (the HF Trainer's evaluation loop)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--sleep-ms", type=float, default=float(os.environ.get("WHOLE_RUN_SLEEP_MS", "0")),
@@ -68,8 +72,14 @@ def main():
             if step % args.eval_every == 0:
                 started = time.perf_counter()
                 model.eval()
-                with torch.no_grad():
-                    correct = sum((model(v).argmax(1) == t).sum().item() for v, t in val)
+                if args.eval_fetch_with_grad:
+                    correct = 0
+                    for v, t in val:
+                        with torch.no_grad():
+                            correct += (model(v).argmax(1) == t).sum().item()
+                else:
+                    with torch.no_grad():
+                        correct = sum((model(v).argmax(1) == t).sum().item() for v, t in val)
                 model.train()
                 truth["evaluation_s"] += time.perf_counter() - started
                 print(f"epoch {epoch} step {step}: loss {loss.item():.3f} val acc {correct / len(val.dataset):.3f}")

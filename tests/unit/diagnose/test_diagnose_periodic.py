@@ -3,6 +3,7 @@ cost, the persistent_workers gain taken from it, and the spread note that names 
 
 from __future__ import annotations
 
+import io
 import random
 from typing import Any
 
@@ -16,7 +17,7 @@ from trainfast.diagnose.evidence import noise
 from trainfast.diagnose.evidence.evidence import Evidence
 from trainfast.diagnose.evidence.periodic import epoch_cost, periodic_steps
 from trainfast.diagnose.fixes import recommend
-from trainfast.diagnose.records.steps import Fractions, LoaderStats, StepRecord
+from trainfast.diagnose.records.steps import LOG, SAVE, Fractions, LoaderStats, StepRecord
 
 
 def steps(*seconds: float) -> list[StepRecord]:
@@ -204,3 +205,50 @@ def test_the_timeline_marks_the_steps_in_which_a_training_epoch_began() -> None:
     # 3, 6 (left out) and 9, the measured rows 2 and 7
     assert timeline.evaluation_steps == 1 and len(timeline.records) == 10
     assert timeline.epoch_starts == [2, 7]
+
+
+def test_an_evaluation_that_fetches_with_gradients_on_is_no_epoch_start() -> None:
+    """The HF Trainer's evaluation: model.eval(), a new loader iterated outside no_grad, each forward under it. Its
+    batches are evaluation batches (the model seen training is in eval mode), so its first is no epoch start, and
+    the step spanning it is left out like any evaluation's; a save and a print in a step are marked."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    criterion = torch.nn.MSELoss()  # a root with no weights, never put in eval mode
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(48, 4)), batch_size=4)  # one epoch of 12 steps
+    timeline = Timeline(warmup_steps=1)
+    with Instrumentation(timeline):
+        for step, (x,) in enumerate(loader, 1):
+            criterion(model(x), torch.zeros(len(x), 1)).backward()
+            optimizer.step()
+            if step % 4 == 0:
+                model.eval()
+                for (v,) in DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4):  # gradients on
+                    with torch.no_grad():
+                        model(v)
+                model.train()
+            if step % 3 == 0:
+                torch.save(model.state_dict(), io.BytesIO())
+                print(f"step {step}")
+    # 12 steps: the first warm-up, 5 and 9 spanning an evaluation pass (it follows the update of 4 and 8) left out
+    assert timeline.evaluation_steps == 2 and len(timeline.records) == 9
+    assert timeline.epoch_starts == [] and timeline.left_out == [3, 6]
+    # the save and print after the updates of 3, 6 and 9 fall in steps 4, 7 and 10: rows 2, 4 and 6
+    assert sorted(i for i, kind in timeline.step_marks if kind == SAVE) == [2, 4, 6]
+    assert sorted(i for i, kind in timeline.step_marks if kind == LOG) == [2, 4, 6]
+
+
+def test_a_period_is_named_by_what_its_steps_did_and_counted_in_the_scripts_steps() -> None:
+    totals = jittered(30, typical=0.01)
+    starts = [3, 10, 17, 24]
+    for i in starts:
+        totals[i] = 0.05
+    marks = [(i, SAVE) for i in starts] + [(i, LOG) for i in range(0, 30, 2)]  # a print every other step
+    # a step spanning an evaluation left out between each two: every 7th record is every 8th of the script's steps
+    found = periodic_steps(steps(*totals), (), marks, left_out=[7, 14, 21, 28])
+    assert found is not None and found.seen == (SAVE,) and found.period == 7 and found.script_period == 8
+    assert found.phrase().startswith("every 8th step (each with a checkpoint save) takes 50 ms")
+    note = noise._periodic_note(found, restarted_workers=0)
+    assert "a checkpoint save at those steps costs that" in note and "epoch" not in note
+    unseen = periodic_steps(steps(*totals))  # nothing marked there: no guess at what it was
+    assert unseen is not None and unseen.seen == ()
+    assert "did not see there" in noise._periodic_note(unseen, restarted_workers=0)

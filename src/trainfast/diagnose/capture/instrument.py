@@ -27,6 +27,7 @@ import torch
 from trainfast.diagnose.capture.comms import Collectives
 from trainfast.diagnose.capture.devicetime import DeviceTimer
 from trainfast.diagnose.capture.ledger import Ledger
+from trainfast.diagnose.capture.mark_hook import MarkHook
 from trainfast.diagnose.capture.loader_hook import LoaderHook
 from trainfast.diagnose.capture.model_hook import ModelHook
 from trainfast.diagnose.capture.observations import Hook, Observations
@@ -66,7 +67,8 @@ class Instrumentation:
         self.model = ModelHook(self)
         self.loader = LoaderHook(self, on_loader)
         self.hooks: list[Hook] = [self.loader, StepHook(self, self.model), self.model, TensorHook(
-            self, self.model, time_transfers=torch.cuda.is_available() if time_transfers is None else time_transfers)]
+            self, self.model, time_transfers=torch.cuda.is_available() if time_transfers is None else time_transfers),
+            MarkHook(self)]
         # what the other hooks and the doctor call, bound once (the hot paths read them as attributes)
         self.loaders = self.loader.loaders
         self.worker_clock = self.loader.worker_clock
@@ -74,6 +76,7 @@ class Instrumentation:
         self.last_calls = self.model.last_calls
         self.discover = self.model.discover
         self.saw_batch = self.model.saw_batch
+        self.evaluating = self.model.evaluating
 
     # ---- patch bookkeeping
     def _patch(self, owner: Any, name: str, replacement: Any) -> Any:
@@ -145,6 +148,7 @@ class Instrumentation:
                 input_source=timeline.input_source, loader_fed=timeline.loader_fed,
                 evaluation_steps=timeline.evaluation_steps, cycle=timeline.cycle, counts=timeline.seen(),
                 samples_per_s=timeline.samples_per_s, epoch_starts=tuple(timeline.epoch_starts),
+                step_marks=tuple(timeline.step_marks), left_out=tuple(timeline.left_out),
                 measure_started_monotonic=timeline.measure_started_monotonic,
                 measure_ended_monotonic=timeline.measure_ended_monotonic),
             observed=observed_record(observed, self.device_timer, self.collectives, device=device,

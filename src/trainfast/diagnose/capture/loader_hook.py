@@ -165,16 +165,20 @@ class _TimedIterator:
             stats.fetch_batches += 1
         ledger = inst.ledger
         first = self._first
+        # an evaluation pass: validation runs under no_grad / inference_mode, or a loader that never fed training
+        # fetches while the model seen training is in eval mode (the HF Trainer's evaluation loop fetches outside
+        # its no_grad; its training loop fetches the next batch before model.train())
+        evaluation = not torch.is_grad_enabled() or (stats.batches == stats.evaluation_batches and inst.evaluating())
         if first:
             self._first = False
             stats.startup_s.append(got - self._started)
             if stats.batch_bytes is None:
                 stats.batch_bytes, stats.image_hw = batch_info(batch)
-            if ledger is not None and torch.is_grad_enabled():
+            if ledger is not None and not evaluation:
                 ledger.epoch_started(self._started, asked, got)
         stats.batches += 1
         stats.wait_s += got - asked
-        if not torch.is_grad_enabled():  # an evaluation pass (validation runs under no_grad / inference_mode)
+        if evaluation:
             stats.evaluation_batches += 1
             inst.timeline.evaluation_fetch()
             if ledger is not None:  # (an evaluation epoch's start-up is the pass's)

@@ -54,6 +54,7 @@ class ModelHook:
         self._in_entry = False
         # each root's first training call: (module, (args, kwargs)), the replay's input (probe.py)
         self.last_calls: dict[int, tuple[nn.Module, tuple[tuple[Any, ...], dict[str, Any]]]] = {}
+        self._trained: list[nn.Module] = []  # the models seen training (`evaluating`)
         self._described: set[int] = set()  # the optimizers whose first step described their model
         self._parameters: dict[int, torch.Tensor] = {}  # described, by id (kept alive: ids stay unique)
         self._convs: set[int] = set()
@@ -245,6 +246,8 @@ class ModelHook:
                                                                         keep_call=root)
         if id(module) not in self.last_calls:  # (a lookup, not a store, per forward: ~0.1 us less per step)
             self.last_calls[id(module)] = (module, (args, kwargs))
+            if module.training and any(p.requires_grad for p in module.parameters()):  # (a loss module has none)
+                self._trained.append(module)
             self._saw_input_layout(args, kwargs)
             if root and "forward" not in inst.observed.sites:
                 self._saw_site("forward", module)
@@ -260,6 +263,14 @@ class ModelHook:
         if inst.events is not None and timeline.in_measured_step:
             inst.events.batch_ready()
         return False
+
+    def evaluating(self) -> bool:
+        """Every model seen training (a root called with gradients on, in training mode, with trainable parameters)
+        is now in eval mode: a batch fetched now feeds an evaluation pass even with gradients on (the HF Trainer's
+        evaluation loop fetches outside its `no_grad`). A model that trains in eval mode throughout is never seen
+        training this way, and its batches stay training batches. ~0.3 us a fetch."""
+        trained = self._trained
+        return bool(trained) and not any(m.training for m in trained)
 
     def _saw_site(self, what: str, module: nn.Module) -> None:
         """The script's line calling the model (its first training or evaluation forward), and, with the first

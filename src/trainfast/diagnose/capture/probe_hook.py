@@ -21,6 +21,10 @@ from trainfast.trainer.settings import torch_settings
 FLOPS_PHASE = "flops"
 
 
+# Steps counted at the most, when the one counted spans an evaluation pass (the HF Trainer's every N steps)
+MAX_FLOPS_TRIES = 3
+
+
 def gain_probe(timeline: Timeline, instrumentation: Instrumentation,
                wanted: Callable[[], Iterable[TrialRequest]] = tuple) -> Callable[[str], None]:
     """A `Timeline.on_phase_end`: when the measured steps end, time the candidate fixes (`wanted`: what the fixes
@@ -30,9 +34,19 @@ def gain_probe(timeline: Timeline, instrumentation: Instrumentation,
     step, whole, as the script runs it. Not for a compiled model: it would recompile under the counting mode. Every
     rank of a job decides alike (on whether the model is compiled, not on a timing), so all take the same steps."""
     def on_phase_end(phase: str) -> None:
-        if phase == FLOPS_PHASE and instrumentation.observed.flop_counter is not None:
-            instrumentation.observed.flops_per_step = instrumentation.observed.flop_counter.stop()
-            instrumentation.observed.flop_counter = None
+        observed = instrumentation.observed
+        if phase == FLOPS_PHASE and observed.flop_counter is not None:
+            flops, counted = observed.flop_counter.stop(), timeline.phases[-1]
+            observed.flop_counter = None
+            # the count runs from one step's close to the next's, at the next input: an evaluation pass after the
+            # update (the HF Trainer's every N steps) falls in it, and is not the training step's
+            if not counted.left_out and not timeline.evaluating_now:
+                observed.flops_per_step = flops
+            elif sum(p.name == FLOPS_PHASE for p in timeline.phases) < MAX_FLOPS_TRIES:
+                _count_next_step()  # that count held an evaluation pass's forwards too
+            else:
+                observed.flops_reason = (f"each of {MAX_FLOPS_TRIES} steps counted spanned an evaluation pass, "
+                                         "whose forwards are not the training step's")
             return
         if phase != MEASURE or instrumentation.observed.trials is not None:
             return
@@ -41,6 +55,9 @@ def gain_probe(timeline: Timeline, instrumentation: Instrumentation,
                 instrumentation.observed.dynamo_at_start.get("frames", 0):
             instrumentation.observed.flops_reason = "the model is compiled: counting would make torch.compile recompile"
             return
+        _count_next_step()
+
+    def _count_next_step() -> None:
         timeline.add_phase(FLOPS_PHASE, warmup=0, steps=1)
         instrumentation.observed.flop_counter = FlopCounter().start()
 

@@ -132,6 +132,12 @@ class Timeline(Window):
         (its worker start-up and the last epoch's shutdown are in it: periodic.py)."""
         self._cur.epoch_began = True
 
+    def mark(self, kind: str) -> None:
+        """The step in progress did `kind` besides training (mark_hook.py): a checkpoint save, a print or log."""
+        cur = self._cur
+        if kind not in cur.marks:
+            cur.marks += (kind,)
+
     def evaluation_fetch(self) -> None:
         """A batch fetched with gradients off: this step spans an evaluation pass."""
         self.batches += 1

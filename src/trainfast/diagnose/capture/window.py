@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainfast.diagnose.records.steps import StepRecord
+from trainfast.diagnose.records.steps import EVALUATION, StepRecord
 
 MEASURE = "measure"
 
@@ -74,6 +74,7 @@ class _Step:
     end: float = 0.0
     optimizers: tuple[int, ...] = ()
     epoch_began: bool = False  # a training loader's new iterator delivered its first batch in this step
+    marks: tuple[str, ...] = ()  # what else it was seen to do (records/steps.py MARKS)
 
     def absorb(self, later: _Step) -> None:
         """A later part of the same iteration (a second optimizer's step) joins this one."""
@@ -91,6 +92,7 @@ class _Step:
         self.collect_forwards += later.collect_forwards
         self.optimizers += later.optimizers
         self.epoch_began = self.epoch_began or later.epoch_began
+        self.marks += tuple(m for m in later.marks if m not in self.marks)
 
 
 Row = tuple[float, float, float, float, float, int, int, float, float]  # a StepRecord's fields, in order
@@ -104,7 +106,9 @@ class _Phase:
     rows: list[Row] = field(default_factory=list)
     copies: dict[int, list[tuple[Any, float]]] = field(default_factory=dict)  # row index -> its device-timed copies
     epoch_starts: list[int] = field(default_factory=list)  # the rows in which a training loader's epoch began
+    marks: list[tuple[int, str]] = field(default_factory=list)  # (row, what else its step did: records/steps.py)
     seen: int = 0
+    left_out: list[int] = field(default_factory=list)  # each step left out for spanning an evaluation: the next row
     cyclic: bool = False  # the loop collects before some updates: the window spans whole cycles (module doc)
     closed: bool = False  # the window ended (a cyclic one, at the next collection step)
     ended: bool = False  # on_phase_end was called
@@ -122,6 +126,8 @@ class _Phase:
         self.rows.clear()
         self.copies.clear()
         self.epoch_starts.clear()
+        self.marks.clear()
+        self.left_out.clear()
         self.seen, self.window_start, self.window_end, self.window_samples = 0, None, 0.0, 0
         self.settle()
 
@@ -137,6 +143,7 @@ class Window:
     measure_started_monotonic: float | None
     measure_ended_monotonic: float | None
     _phase: _Phase | None
+    _cur: _Step
     _pending: _Step | None
     _to_monotonic: float
     _no_grad_counts: collections.deque[int]
@@ -181,6 +188,7 @@ class Window:
         if step.evaluated or (step.evaluation_forwards >= EVALUATION_FORWARDS
                               and self._unusual(step.evaluation_forwards, self._no_grad_counts)):
             self.evaluation_steps += 1
+            phase.left_out.append(len(phase.rows))
             return False
         gap = (max(0.0, first_input - start - step.gap_sync_wait - step.gap_transfer - step.gap_comm)
                if first_input is not None else 0.0)
@@ -195,6 +203,9 @@ class Window:
             phase.copies[len(phase.rows)] = step.copies
         if step.epoch_began:
             phase.epoch_starts.append(len(phase.rows))
+        if step.marks or step.evaluation_forwards:
+            marks = step.marks + ((EVALUATION,) if step.evaluation_forwards else ())
+            phase.marks.extend((len(phase.rows), m) for m in marks)
         comm = min(step.comm, max(0.0, step.end - start - wait - step.transfer - host - collect))
         phase.rows.append((step.end - self.started, step.end - start, wait, step.transfer, host, samples, step.syncs,
                            collect, comm))
@@ -245,6 +256,18 @@ class Window:
         return list(self.phases[0].epoch_starts)
 
     @property
+    def left_out(self) -> list[int]:
+        """Where a step was left out for spanning an evaluation pass: the index in `records` of the next kept one
+        (the script's step count at a record is its index plus the left-out steps at or before it)."""
+        return list(self.phases[0].left_out)
+
+    @property
+    def step_marks(self) -> list[tuple[int, str]]:
+        """(index into `records`, what else that step was seen to do): a checkpoint save, a print or log, an
+        evaluation forward (records/steps.py MARKS)."""
+        return list(self.phases[0].marks)
+
+    @property
     def done(self) -> bool:
         return all(p.done for p in self.phases)
 
@@ -271,6 +294,12 @@ class Window:
         """The warm-up is over and the measured steps are not all taken yet."""
         phase = self.phases[0]
         return phase.seen >= phase.warmup and not phase.done
+
+    @property
+    def evaluating_now(self) -> bool:
+        """The step in progress has run evaluation forwards or fetched evaluation batches so far (a step closes at
+        the next one's input, after the evaluation that the last update was followed by)."""
+        return self._cur.evaluated or self._cur.evaluation_forwards > 0
 
     @property
     def in_measured_step(self) -> bool:

@@ -111,8 +111,13 @@ def _periodic_note(periodic: Periodic, restarted_workers: int) -> str:
                "fork, the new workers filling their queues beside the step); see persistent_workers")
     elif periodic.epoch_starts:
         why = "each epoch's start (a new iterator over the loader: its first batches, a shuffle) costs that"
+        if periodic.seen:
+            why = f"each epoch's start and {' and '.join(periodic.seen)} there cost that"
+    elif periodic.seen:
+        why = f"{' and '.join(periodic.seen)} at those steps cost{'s' if len(periodic.seen) == 1 else ''} that"
     else:
-        why = "the script does something every that many steps (logging, a checkpoint, an evaluation)"
+        why = ("the script does something every that many steps that the doctor did not see there (no epoch "
+               "start, checkpoint save, print or log, or evaluation forward): its own periodic work")
     return (f"{periodic.phrase()}: {why}; {periodic.excess_s * 1e3:.0f} ms beyond the other steps each time, "
             f"{periodic.excess_s / periodic.epoch_s:.0%} of the time")
 

@@ -8,6 +8,12 @@ prefetch_factor batches), competing for the cores with the step. A loop that re-
 (a `cycle(loader)` generator) pays it every 8th step: on the stand-in below, a 35 ms step took ~120 ms at each epoch
 start and ~45 ms the three after it, where iter() to the first batch alone took 35-45 ms.
 
+What happens at the period. The timeline marks each measured step that made a checkpoint save, a print or log, or
+an evaluation forward (`TimelineRecord.step_marks`): a mark on (nearly) every slow run and on few other steps
+(`NAMED_ON`, `NAMED_ELSEWHERE`) names the period ("each with a checkpoint save"); an epoch start is named only where
+one was marked. A period with no such mark is named as unseen, never guessed: the HF Trainer's evaluation and save
+every 8 steps once read as "each epoch's first" when no epoch began.
+
 Every N-th step. Without epoch starts that stand out, steps at least `SLOW` times the typical one are periodic when
 they fall on a lattice of equal gaps (`_every_nth`: `MIN_RUNS` points or more, most of them slow, holding most of
 the slow runs' first steps): logging, a checkpoint or an evaluation every N steps.
@@ -32,13 +38,14 @@ ms restarted, 39.1-39.7 ms persistent).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from trainfast.diagnose.records.steps import StepRecord
+from trainfast.diagnose.records.steps import MARKS, StepRecord
 from trainfast.monitor import percentile
 
 # A step at least this many times the typical (median) one is slow, for a period found without epoch starts.
@@ -66,6 +73,13 @@ ON_LATTICE = 0.75
 MIN_STEPS = 6
 
 
+# A mark names a period when this share of its slow runs have it, and at most `NAMED_ELSEWHERE` of the other steps.
+NAMED_ON = 0.75
+
+
+NAMED_ELSEWHERE = 0.25
+
+
 @dataclass(frozen=True)
 class Periodic:
     """Steps slow at a period in the measured window."""
@@ -81,6 +95,9 @@ class Periodic:
     other_p90_s: float
     excess_s: float  # mean time a run took beyond as many other steps (at their mean)
     stands_out: bool = True  # the runs' first steps stand out from the others (`epoch_cost` gives it either way)
+    seen: tuple[str, ...] = ()  # what the slow runs were seen to do, the others not (module doc; steps.py MARKS)
+    script_period: int | None = None  # the period in the script's steps, where steps spanning an evaluation
+    # were left out of the records between the runs (every 8th of the script's steps is every 7th record)
 
     @property
     def epoch_s(self) -> float:
@@ -95,12 +112,14 @@ class Periodic:
 
     def phrase(self) -> str:
         """"every 8th step (each epoch's first) takes 1.9 s against 0.8 s", and the step after when it is slow too."""
-        which = " (each epoch's first)" if self.epoch_starts else ""
+        saw = f"with {' and '.join(self.seen)}" if self.seen else ""
+        which = (f" (each epoch's first{', ' + saw if saw else ''})" if self.epoch_starts
+                 else f" (each {saw})" if saw else "")
         unit = self.slow_s >= 1  # seconds for all three, or milliseconds
         after = ("" if self.span == 1 else f", and the step after it {_seconds(self._after_s(), unit)}"
                  if self.span == 2 else
                  f", and the {self.span - 1} steps after it {_seconds(self._after_s(), unit)} on average")
-        return (f"every {_ordinal(self.period)} step{which} takes {_seconds(self.slow_s, unit)} against "
+        return (f"every {_ordinal(self.script_period or self.period)} step{which} takes {_seconds(self.slow_s, unit)} against "
                 f"{_seconds(self.typical_s, unit)}{after}")
 
     def _after_s(self) -> float:
@@ -109,20 +128,46 @@ class Periodic:
         return max(0.0, (run - self.slow_s) / (self.span - 1))
 
     def to_json(self) -> dict[str, Any]:
-        return {"period": self.period, "steps": list(self.starts), "span": self.span,
-                "epoch_starts": self.epoch_starts, "slow_s": self.slow_s, "typical_s": self.typical_s,
+        return {"period": self.script_period or self.period, "steps": list(self.starts), "span": self.span,
+                "epoch_starts": self.epoch_starts, "seen": list(self.seen), "slow_s": self.slow_s, "typical_s": self.typical_s,
                 "other_mean_s": self.other_mean_s, "excess_s": self.excess_s, "epoch_s": self.epoch_s}
 
 
-def periodic_steps(records: Sequence[StepRecord], epoch_starts: Sequence[int] = ()) -> Periodic | None:
+def periodic_steps(records: Sequence[StepRecord], epoch_starts: Sequence[int] = (),
+                   marks: Sequence[tuple[int, str]] = (), left_out: Sequence[int] = ()) -> Periodic | None:
     """The steps slow at a period among the measured `records`: at the marked `epoch_starts` (indices into the
-    records) when those stand out, else every N-th step when the slow ones fall at equal gaps; None when neither."""
+    records) when those stand out, else every N-th step when the slow ones fall at equal gaps; None when neither.
+    `marks`: (index, what that step did besides training), which name the period (module doc); `left_out`: the
+    records before which a step spanning an evaluation was left out, which the script counted as steps."""
     totals = [r.total_s for r in records]
     if len(totals) < MIN_STEPS:
         return None
     starts = sorted({i for i in epoch_starts if 0 <= i < len(totals)})
     found = _at(totals, starts, _period(starts), epoch=True) if len(starts) >= MIN_EPOCH_STARTS else None
-    return found if found is not None else _every_nth(totals)
+    found = found if found is not None else _every_nth(totals)
+    if found is None:
+        return None
+    if marks:
+        found = replace(found, seen=_seen(found, len(totals), marks))
+    if left_out:
+        skipped = sorted(left_out)
+        found = replace(found, script_period=_period([i + bisect.bisect_right(skipped, i) for i in found.starts]))
+    return found
+
+
+def _seen(found: Periodic, steps: int, marks: Sequence[tuple[int, str]]) -> tuple[str, ...]:
+    """The marks on `NAMED_ON` of the slow runs (any of their steps) and on at most `NAMED_ELSEWHERE` of the
+    other steps, in `MARKS` order."""
+    inside = {i + k for i in found.starts for k in range(found.span)}
+    others = steps - len(inside & set(range(steps)))
+    seen = []
+    for kind in MARKS:
+        marked = {i for i, m in marks if m == kind}
+        runs = sum(1 for i in found.starts if marked & set(range(i, i + found.span)))
+        elsewhere = len(marked - inside)
+        if runs >= NAMED_ON * len(found.starts) and elsewhere <= NAMED_ELSEWHERE * max(1, others):
+            seen.append(kind)
+    return tuple(seen)
 
 
 def epoch_cost(records: Sequence[StepRecord], epoch_starts: Sequence[int]) -> Periodic | None:
@@ -195,7 +240,7 @@ def _every_nth(totals: list[float]) -> Periodic | None:
     starts = sorted(i for i in slow if i - 1 not in slow)
     if len(starts) < MIN_RUNS:
         return None
-    for period in range(2, len(totals) // MIN_RUNS + 1):
+    for period in range(2, (len(totals) - 1) // (MIN_RUNS - 1) + 1):  # (the lattice's check says if it fits)
         for offset in sorted({i % period for i in starts}):
             lattice = list(range(offset, len(totals), period))
             on = sum(1 for i in lattice if i in slow)

@@ -57,6 +57,8 @@ class TimelineRecord:
     epoch_starts: tuple[int, ...]  # measured steps in which a training loader's new epoch began
     measure_started_monotonic: float | None
     measure_ended_monotonic: float | None
+    step_marks: tuple[tuple[int, str], ...] = ()  # (measured step, what else it did: steps.py MARKS)
+    left_out: tuple[int, ...] = ()  # a step spanning an evaluation left out before each of these records
 
     def seen(self) -> dict[str, int]:
         return dict(self.counts)
@@ -162,7 +164,9 @@ class Capture:
         t, o, m, w = data["timeline"], data["observed"], data["machine"], data["whole"]
         return cls(
             timeline=TimelineRecord(**(t | {"records": tuple(StepRecord(**r) for r in t["records"]),
-                                            "epoch_starts": tuple(t["epoch_starts"])})),
+                                            "epoch_starts": tuple(t["epoch_starts"]),
+                                            "step_marks": tuple(tuple(m) for m in t.get("step_marks", ())),
+                                            "left_out": tuple(t.get("left_out", ()))})),
             observed=ObservedRecord(**(o | {
                 "parameter_dtypes": tuple(o["parameter_dtypes"]), "autocast": tuple(map(tuple, o["autocast"])),
                 "trials": _trials(o["trials"]), "peak": Peak(**o["peak"]) if o["peak"] else None,

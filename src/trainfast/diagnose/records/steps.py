@@ -24,6 +24,12 @@ class StepRecord:
         return max(0.0, self.total_s - self.wait_s - self.transfer_s - self.host_s - self.collect_s - self.comm_s)
 
 
+# What a measured step was seen to do besides training (`TimelineRecord.step_marks`): a period of slow steps is named
+# by them (periodic.py). Epoch starts are marked on their own (`epoch_starts`).
+SAVE, LOG, EVALUATION = "a checkpoint save", "a print or log", "an evaluation forward"
+MARKS = (SAVE, EVALUATION, LOG)
+
+
 PARTS = ("data_wait", "transfer", "host", "collection", "communication")
 
 
