@@ -17,9 +17,10 @@ its end (its `truth` line), so both runs are measured by the same clock:
 Each is the median of the pairs' ratios, with the spread. On this shared 2-core VM the same plain run takes 13 to
 19 s from one minute to the next, so these spreads are wider than the cost; the per-step part measures it directly:
   - `per_step`: the same step (the script's MLP, bf16 autocast, AdamW, batch 64 from a DataLoader, one thread) in
-    this process, plain, under the window doctor's hooks and under a whole run's (the ledger too), 128 steps per
-    run after 40 of warm-up, `--rounds` rounds in turn: the fastest and the median run of each, and the whole
-    run's cost per step over the plain one.
+    this process, plain, under the window doctor's hooks, under a whole run's (the ledger too) and with the
+    doctor's monitor thread sampling beside them, 128 steps per run after 40 of warm-up; and the script's
+    evaluation pass with its print and save, plain and under the whole run's hooks; `--rounds` rounds in turn:
+    the fastest and the median run of each, and each part's cost over the plain one.
 
     python benchmarks/whole_run_overhead.py --json whole_run_overhead.json
 """
@@ -27,6 +28,8 @@ Each is the median of the pairs' ratios, with the spread. On this shared 2-core 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import statistics
@@ -34,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +88,7 @@ def per_step(rounds: int) -> dict[str, Any]:
     from trainfast.diagnose.capture.instrument import Instrumentation
     from trainfast.diagnose.capture.ledger import Ledger
     from trainfast.diagnose.capture.timeline import Timeline
+    from trainfast.monitor import Monitor
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -103,25 +108,48 @@ def per_step(rounds: int) -> dict[str, Any]:
             optimizer.zero_grad(set_to_none=True)
         return (time.perf_counter() - started) / steps
 
-    def hooked(whole: bool) -> float:
+    val = DataLoader(TensorDataset(x[:512], y[:512]), batch_size=64)
+
+    def evaluate_and_save() -> float:
+        """An evaluation pass (8 batches, model.eval() + no_grad), a print and a torch.save, as the script does."""
+        started = time.perf_counter()
+        model.eval()
+        with torch.no_grad():
+            correct = sum((model(v).argmax(1) == t).sum().item() for v, t in val)
+        model.train()
+        print(f"val acc {correct / 512:.3f}", file=io.StringIO())
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, io.BytesIO())
+        return time.perf_counter() - started
+
+    def hooked(whole: bool, monitor: bool = False, measure: Callable[[], float] = lambda: run(128)) -> float:
         ledger = Ledger(process_start=time.perf_counter()) if whole else None
-        with Instrumentation(Timeline(warmup_steps=5, max_steps=30), ledger=ledger):
+        with contextlib.ExitStack() as stack:
+            if monitor:  # the doctor's sampling thread, at its interval
+                stack.enter_context(Monitor(interval_s=0.5))
+            stack.enter_context(Instrumentation(Timeline(warmup_steps=5, max_steps=30), ledger=ledger))
             run(40)  # the warm-up, the scans for the model
-            return run(128)
-    runs: dict[str, list[float]] = {"plain": [], "window": [], "whole_run": []}
+            return measure()
+    runs: dict[str, list[float]] = {"plain": [], "window": [], "whole_run": [], "whole_run_monitor": [],
+                                    "evaluation_save_plain": [], "evaluation_save_whole_run": []}
     for _ in range(rounds):
         runs["plain"].append(run(128))
         runs["window"].append(hooked(False))
         runs["whole_run"].append(hooked(True))
+        runs["whole_run_monitor"].append(hooked(True, monitor=True))
+        runs["evaluation_save_plain"].append(evaluate_and_save())
+        runs["evaluation_save_whole_run"].append(hooked(True, measure=evaluate_and_save))
     fastest = {name: min(values) for name, values in runs.items()}
     return {name: {"fastest_us": 1e6 * min(v), "median_us": 1e6 * statistics.median(v)} for name, v in runs.items()} \
         | {"whole_run_cost_us": 1e6 * (fastest["whole_run"] - fastest["plain"]),
-           "whole_run_cost": fastest["whole_run"] / fastest["plain"] - 1}
+           "whole_run_cost": fastest["whole_run"] / fastest["plain"] - 1,
+           "monitor_cost_us": 1e6 * (fastest["whole_run_monitor"] - fastest["whole_run"]),
+           "evaluation_save_cost_us": 1e6 * (fastest["evaluation_save_whole_run"] - fastest["evaluation_save_plain"]),
+           "evaluation_save_cost": fastest["evaluation_save_whole_run"] / fastest["evaluation_save_plain"] - 1}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pairs", type=int, default=7, help="end-to-end pairs (at least 1)")
+    parser.add_argument("--pairs", type=int, default=20, help="end-to-end pairs (at least 1)")
     parser.add_argument("--epochs", type=int, default=20, help="epochs of 128 steps each (default: 20)")
     parser.add_argument("--rounds", type=int, default=15, help="rounds of the per-step part")
     parser.add_argument("--json", type=Path, default=None)
@@ -133,7 +161,11 @@ def main() -> None:
           f"us, whole-run hooks {steps['whole_run']['fastest_us']:.0f} us (fastest of {opts.rounds}; medians "
           f"{steps['plain']['median_us']:.0f} / {steps['window']['median_us']:.0f} / "
           f"{steps['whole_run']['median_us']:.0f} us): the whole run's hooks cost "
-          f"{steps['whole_run_cost_us']:.0f} us a step ({steps['whole_run_cost']:+.1%})", flush=True)
+          f"{steps['whole_run_cost_us']:.0f} us a step ({steps['whole_run_cost']:+.1%}); the monitor thread beside "
+          f"them {steps['monitor_cost_us']:+.0f} us a step; an evaluation pass + print + save "
+          f"{steps['evaluation_save_plain']['fastest_us'] / 1e3:.2f} ms plain, "
+          f"{steps['evaluation_save_cost_us'] / 1e3:+.2f} ms ({steps['evaluation_save_cost']:+.1%}) under the "
+          "whole run's hooks", flush=True)
     args = ["--epochs", str(opts.epochs), "--samples", "8192", "--batch-size", "64", "--width", "256",
             "--eval-every", "100", "--eval-batches", "8", "--save-every", "500", "--workers", "0"]
     script, after, command, plain_s, goodput = [], [], [], [], []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 import threading
 from pathlib import Path
 from typing import NamedTuple
@@ -101,3 +102,15 @@ def queued_s() -> float:
         return int(os.pread(stat.fd, 128, 0).split()[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def cpu_model() -> str:
+    """The CPU's model name ("AMD EPYC 9R14 96-Core Processor"), or the platform's processor or architecture."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -8,19 +8,8 @@ from typing import Any
 import psutil
 import torch
 
-from trainfast.host import affinity_cpus, cgroup_cpu_limit
+from trainfast.host import affinity_cpus, cgroup_cpu_limit, cpu_model
 from trainfast.units import format_bytes
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def hardware() -> dict[str, Any]:

@@ -13,7 +13,7 @@ import torch
 
 from trainfast.atomic import free_bytes
 from trainfast.envcheck import checks
-from trainfast.host import affinity_cpus, cgroup_cpu_limit, memory, usable_cpus
+from trainfast.host import affinity_cpus, cgroup_cpu_limit, cpu_model, memory, usable_cpus
 from trainfast.units import format_bytes
 from trainfast.version import __version__
 
@@ -81,6 +81,7 @@ def environment() -> dict[str, Any]:
         "cudnn": cudnn,
         "driver": checks.read_driver_version(),
         "usable_cpus": usable_cpus(affinity, limit),
+        "cpu": cpu_model(),
         "memory_available_bytes": available,
         "open_files_limit": None if nofile is None or nofile >= checks.UNLIMITED else nofile,
     }

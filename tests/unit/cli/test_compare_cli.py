@@ -165,4 +165,34 @@ def test_help_has_worked_examples(capsys: pytest.CaptureFixture[str]) -> None:
     assert caught.value.code == 0
     out = capsys.readouterr().out
     assert "trainfast compare --fail-slower 5 base.json new.json" in out
-    assert "trainfast doctor --steps 100 --json base.json" in out and "Exit codes:" in out
+    assert "trainfast doctor --steps 100 --json base-$i.json" in out and "Exit codes:" in out
+    assert "trainfast compare --fail-slower 5 'base-*.json' 'new-*.json'" in out and "--runs 3" in out
+
+
+def test_several_reports_a_side_by_pattern(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for i in range(3):
+        write(tmp_path / f"base-{i}.json", report(seed=10 + i))
+        write(tmp_path / f"same-{i}.json", report(seed=20 + i))
+        write(tmp_path / f"slow-{i}.json", report(seed=30 + i, step_s=0.0115))
+    assert main(["compare", "--fail-slower", "5", "--json", str(tmp_path / "c.json"), str(tmp_path / "base-*.json"),
+                 str(tmp_path / "same-*.json")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "in 3 and 3 runs, the runs resampled too" in out and "3 runs (mean)" in out
+    assert "comparable: machine: the same in all 6 runs" in out and "comparable: other processes: quiet" in out
+    saved = json.loads((tmp_path / "c.json").read_text())
+    assert len(saved["base"]) == 3 and saved["runs"] == {"base": 3, "new": 3}
+    assert main(["compare", "--fail-slower", "5", str(tmp_path / "base-*.json"), str(tmp_path / "slow-*.json")]) == 1
+    assert "slower" in verdict(capsys.readouterr().out)
+
+
+def test_a_pattern_that_matches_nothing_exits_2_naming_it(reports: dict[str, str], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", reports["base"], str(tmp_path / "nothing-*.json")]) == 2
+    err = capsys.readouterr().err
+    assert "NEW pattern" in err and "nothing-*.json" in err and "matches no file" in err
+
+
+def test_run_options_without_runs_are_refused(reports: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["compare", "--whole-run", reports["base"], reports["same"]])
+    assert caught.value.code == 2 and "--whole-run only go with --runs N" in capsys.readouterr().err

@@ -27,8 +27,8 @@ import torch
 from trainfast.diagnose.capture.comms import Collectives
 from trainfast.diagnose.capture.devicetime import DeviceTimer
 from trainfast.diagnose.capture.ledger import Ledger
-from trainfast.diagnose.capture.mark_hook import MarkHook
 from trainfast.diagnose.capture.loader_hook import LoaderHook
+from trainfast.diagnose.capture.mark_hook import MarkHook
 from trainfast.diagnose.capture.model_hook import ModelHook
 from trainfast.diagnose.capture.observations import Hook, Observations
 from trainfast.diagnose.capture.resolve import device_of, machine_record, observed_record

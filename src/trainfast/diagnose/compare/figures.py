@@ -131,6 +131,9 @@ class Comparison:
     # whole runs: the slowdown had NEW started up as fast as BASE (per sample), and each run's start-up per sample
     without_startup: Slowdown | None = None
     startup: tuple[float, float] | None = None
+    runs: tuple[int, int] = (1, 1)  # reports a side
+    run_spread_pct: tuple[float | None, float | None] = (None, None)  # each side's runs' sd over their mean, in %
+    comparable: list[str] = field(default_factory=list)  # what makes the runs comparable, a line each
 
     @property
     def rows(self) -> list[Change]:
@@ -146,6 +149,9 @@ class Comparison:
                 "goodput": self.goodput.to_json() if self.goodput else None,
                 "units": {"base": self.units[0], "new": self.units[1],
                           "of": "steps" if self.kind == WINDOW else "throughput intervals"},
+                "runs": {"base": self.runs[0], "new": self.runs[1]},
+                "run_spread_pct": {"base": self.run_spread_pct[0], "new": self.run_spread_pct[1]},
+                "comparable": list(self.comparable),
                 "confidence": CONFIDENCE, "resamples": RESAMPLES, "notes": list(self.notes),
                 "contended": {"base": self.contended[0], "new": self.contended[1]}}
 

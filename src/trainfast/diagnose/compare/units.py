@@ -78,6 +78,18 @@ def check_comparable(base: Mapping[str, Any], new: Mapping[str, Any], names: tup
     if sizes[0] != sizes[1]:
         raise IncomparableError(f"different shape: the loaders' batch sizes are {sizes[0]} in {b} and {sizes[1]} in "
                                 f"{n}; compare runs with the same batch sizes")
+    envs: list[Mapping[str, Any]] = [r["env"] if isinstance(r.get("env"), Mapping) else {} for r in (base, new)]
+    for key, what in (("cpu", "CPUs"), ("usable_cpus", "usable CPU counts"), ("gpus", "GPUs")):
+        values = [_gpu_names(e.get(key)) if key == "gpus" else e.get(key) for e in envs]
+        if None not in values and values[0] != values[1]:
+            raise IncomparableError(f"different machines: the {what} differ ({values[0]} in {b}, {values[1]} in {n}); "
+                                    "compare runs measured on the same machine (a CI gate: the same runner type)")
+
+
+def _gpu_names(gpus: Any) -> list[str] | None:
+    if not isinstance(gpus, list):
+        return None
+    return [str(g.get("name")) if isinstance(g, Mapping) else str(g) for g in gpus]
 
 
 def _kind(report: Mapping[str, Any]) -> str:
@@ -158,26 +170,44 @@ class _Resampled:
     parts: dict[str, Ratios | None]
 
 
+def _sums(units: _Units, parts: list[str], resamples: int, rng: np.random.Generator) -> Ratios:
+    """Each resample's column sums (resamples x [samples, seconds, steps, *parts]): each resample as how many times
+    it drew each unit."""
+    matrix = np.array([units.samples, units.seconds, units.steps, *(units.parts[p] for p in parts)],
+                      dtype=np.float64).T
+    count = len(units)
+    chunk = max(1, RESAMPLE_CELLS // count)
+    out = []
+    for start in range(0, resamples, chunk):
+        rows = min(chunk, resamples - start)
+        drawn = rng.integers(0, count, size=(rows, count)) + count * np.arange(rows)[:, None]
+        out.append(np.bincount(drawn.ravel(), minlength=rows * count).reshape(rows, count) @ matrix)
+    return np.concatenate(out)
+
+
+def run_factors(units: _Units, *, resamples: int, rng: np.random.Generator) -> Ratios | None:
+    """One run's seconds per sample in each resample of its units over its units' own (around 1); None when some
+    resample drew no samples."""
+    sums = _sums(units, [], resamples, rng)
+    if not np.all(sums[:, 0] > 0):
+        return None
+    return np.asarray(sums[:, 1] / sums[:, 0] / _cost(units), dtype=np.float64)
+
+
+def pooled(runs: list[_Units]) -> _Units:
+    """Several runs' units as one run's (a side's parts of the step, over all its runs' steps)."""
+    if len(runs) == 1:
+        return runs[0]
+    return _Units(samples=[x for u in runs for x in u.samples], seconds=[x for u in runs for x in u.seconds],
+                  steps=[x for u in runs for x in u.steps],
+                  parts={p: [x for u in runs for x in u.parts[p]] for p in runs[0].parts})
+
+
 def _resample(base: _Units, new: _Units, *, resamples: int = RESAMPLES, seed: int = SEED) -> _Resampled | None:
     """None when some resample drew no samples at all (too few units hold samples)."""
     rng = np.random.default_rng(seed)
     parts = list(base.parts)
-
-    def sums(units: _Units) -> Ratios:
-        """Each resample's column sums (resamples x [samples, seconds, steps, *parts]): each resample as how
-        many times it drew each unit."""
-        matrix = np.array([units.samples, units.seconds, units.steps, *(units.parts[p] for p in parts)],
-                          dtype=np.float64).T
-        count = len(units)
-        chunk = max(1, RESAMPLE_CELLS // count)
-        out = []
-        for start in range(0, resamples, chunk):
-            rows = min(chunk, resamples - start)
-            drawn = rng.integers(0, count, size=(rows, count)) + count * np.arange(rows)[:, None]
-            out.append(np.bincount(drawn.ravel(), minlength=rows * count).reshape(rows, count) @ matrix)
-        return np.concatenate(out)
-
-    b, n = sums(base), sums(new)
+    b, n = _sums(base, parts, resamples, rng), _sums(new, parts, resamples, rng)
     if not (np.all(b[:, 0] > 0) and np.all(n[:, 0] > 0)):
         return None
     ratios: dict[str, Ratios | None] = {}

@@ -133,7 +133,8 @@ def evidence_of(capture: Capture) -> Evidence:
         collectives=Collectives.of(o.collectives),
         workers=of_training(capture.loaders, monitor, t.measure_started_monotonic,
                             t.measure_ended_monotonic, o.worker_window),
-        periodic=periodic_steps(records, t.epoch_starts, t.step_marks, t.left_out), epoch_cost=epoch_cost(records, t.epoch_starts),
+        periodic=periodic_steps(records, t.epoch_starts, t.step_marks, t.left_out),
+        epoch_cost=epoch_cost(records, t.epoch_starts),
         epoch_starts=t.epoch_starts, gpu_util=gpu_util, gpu_util_devices=tuple(gpu_util_devices),
         device_busy=device_busy, intervals=noise.intervals(list(records)), compute=compute_of(capture),
         run=_run(capture, records), script_args=tuple(str(a) for a in (capture.script or {}).get("args") or ()))

@@ -119,8 +119,8 @@ class Periodic:
         after = ("" if self.span == 1 else f", and the step after it {_seconds(self._after_s(), unit)}"
                  if self.span == 2 else
                  f", and the {self.span - 1} steps after it {_seconds(self._after_s(), unit)} on average")
-        return (f"every {_ordinal(self.script_period or self.period)} step{which} takes {_seconds(self.slow_s, unit)} against "
-                f"{_seconds(self.typical_s, unit)}{after}")
+        return (f"every {_ordinal(self.script_period or self.period)} step{which} takes "
+                f"{_seconds(self.slow_s, unit)} against {_seconds(self.typical_s, unit)}{after}")
 
     def _after_s(self) -> float:
         # the run's steps after its first, on average: from the excess, which is over the other steps' mean
@@ -129,8 +129,9 @@ class Periodic:
 
     def to_json(self) -> dict[str, Any]:
         return {"period": self.script_period or self.period, "steps": list(self.starts), "span": self.span,
-                "epoch_starts": self.epoch_starts, "seen": list(self.seen), "slow_s": self.slow_s, "typical_s": self.typical_s,
-                "other_mean_s": self.other_mean_s, "excess_s": self.excess_s, "epoch_s": self.epoch_s}
+                "epoch_starts": self.epoch_starts, "seen": list(self.seen), "slow_s": self.slow_s,
+                "typical_s": self.typical_s, "other_mean_s": self.other_mean_s, "excess_s": self.excess_s,
+                "epoch_s": self.epoch_s}
 
 
 def periodic_steps(records: Sequence[StepRecord], epoch_starts: Sequence[int] = (),
