@@ -383,7 +383,7 @@ def test_three_runs_a_side_fail_15_percent_and_pass_the_same_script(seed: int) -
 
 def test_the_runs_of_a_side_are_checked_against_each_other() -> None:
     base = [window(seed=1), window(seed=2, args=["--epochs", "2"])]
-    with pytest.raises(IncomparableError, match="BASE run 1 ran train.py with no arguments, BASE run 2 ran"):
+    with pytest.raises(IncomparableError, match=r"BASE run 1 ran train\.py with no arguments, BASE run 2 ran"):
         compare(base, runs(0.010, seed=3))
     with pytest.raises(IncomparableError, match="no report given"):
         compare([], window())

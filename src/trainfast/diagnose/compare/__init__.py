@@ -20,6 +20,15 @@ no spread to resample, and stays as measured; a note says when it is most of the
 step is its sum over the steps' sum in the resampled units. The 2.5th and 97.5th percentiles of NEW's figure over
 BASE's across the resamples are the 95 % interval of the change. Phases and goodput are shown without one.
 
+Several runs a side. Each side may be several reports of the same code (checked against each other as BASE
+against NEW). The figures are each side's means over its runs; the units of every run of a side are pooled for
+the parts of the step. In each resample, each run's seconds per sample is moved by a resample of its own units (as
+above), then the side draws as many runs as it has, with replacement, their deviations from the side's mean
+widened by sqrt(n / (n - 1)) (drawing n of n understates their variance by (n - 1) / n), and averages them: the
+spread between runs enters the interval. One run a side cannot tell a swing of the machine between runs (a whole
+run 22 % slower, unchanged) from a change; three a side widen the interval by it instead. What makes the runs
+comparable is said line by line (`comparability`): the machine, torch, the shape, other processes' CPU use.
+
 The gate (`judge`). "% slower" is NEW's time per sample over BASE's, less 1 (15 % slower: each sample takes 1.15x
 as long, samples/s x 1/1.15); the measure is samples/s for a window report and the wall time per sample for a whole
 run. With `fail_slower` PCT:
@@ -45,13 +54,14 @@ that noise at most 5 % (for normal noise, at worst 1 in 20,000); otherwise it fa
 decide. Two runs of the same script fail only when their measured gap exceeds PCT beyond the noise of both, with
 NEW uncontended.
 
-The interval covers the noise within each run, step to step. A shift between the two runs as a whole is not noise
-the steps can show: other processes' CPU use is judged above; the notes name what else the reports record (a
-different torch, CPU count or GPU, a script that failed), and PCT is the allowance for the rest.
+With one run a side, the interval covers the noise within each run, step to step. A shift between the two runs as a
+whole is not noise the steps can show (several runs a side show it, above): other processes' CPU use is judged
+above; the notes name what else the reports record (a different torch, a script that failed), and PCT is the
+allowance for the rest.
 
 Reports that cannot be compared raise `IncomparableError` naming why: not a doctor report, a different script or
-arguments, a different shape (loaders' batch sizes, world size), a whole run against a window, no or too few
-measured steps, no samples counted.
+arguments, a different shape (loaders' batch sizes, world size), another machine (CPU model, usable CPUs, GPUs), a
+whole run against a window, no or too few measured steps, no samples counted.
 """
 
 from trainfast.diagnose.compare.figures import (

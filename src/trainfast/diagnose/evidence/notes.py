@@ -11,7 +11,7 @@ from trainfast.diagnose.records.findings import Note
 def measurement_notes(t: TimelineRecord) -> list[Note]:
     notes = []
     if t.evaluation_steps:
-        how = ("batches fetched with gradients off" if t.loader_fed else
+        how = ("batches fetched with gradients off, or by a loader that never fed training" if t.loader_fed else
                "the model called with gradients off before the step's training forward")
         notes.append(Note(f"{t.evaluation_steps} step(s) that spanned an evaluation pass ({how}, the model in eval "
                           "mode) were left out of the step's split; their time counts in samples/s, which is over "
