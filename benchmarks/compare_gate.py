@@ -28,15 +28,17 @@ from trainfast.atomic import write_json
 from trainfast.bench.hardware import describe, hardware
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "integration" / "scripts" / "whole_run_loop.py"
-ARGS = ["--epochs", "4", "--samples", "4096", "--width", "256", "--eval-every", "50", "--eval-batches", "8",
-        "--save-every", "100"]
+ARGS = ["--samples", "4096", "--width", "256", "--eval-every", "50", "--eval-batches", "8", "--save-every", "100"]
+
+
+EPOCHS = ["--epochs", "4"]  # set from --epochs
 
 
 def report(path: Path, sleep_ms: float = 0.0) -> dict[str, Any]:
     """A whole-run report of the script; `sleep_ms` in each step makes it slower with the same arguments."""
     env = os.environ | {"WHOLE_RUN_SLEEP_MS": f"{sleep_ms:.3f}"}
     subprocess.run([sys.executable, "-m", "trainfast", "doctor", "--whole-run", "--json", str(path), str(SCRIPT),
-                    "--", *ARGS], capture_output=True, text=True, check=True, env=env)
+                    "--", *EPOCHS, *ARGS], capture_output=True, text=True, check=True, env=env)
     return dict(json.loads(path.read_text()))
 
 
@@ -55,10 +57,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--reports", type=int, default=3, help="reports a side (1: one run against one)")
+    parser.add_argument("--epochs", type=int, default=4, help="the script's epochs of 64 steps (4: 3.6 s runs here, "
+                                                              "half of them start-up)")
     parser.add_argument("--slower", type=float, default=0.15, help="how much slower the slow variant is made")
     parser.add_argument("--fail-slower", type=float, default=5.0)
     parser.add_argument("--json", type=Path, default=None)
     opts = parser.parse_args()
+    EPOCHS[1] = str(opts.epochs)
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         first = report(root / "first.json")["whole_run"]
@@ -86,7 +91,8 @@ def main() -> None:
                            "slow_change": per_sample["slow"] / per_sample["base"] - 1})
             print(f"round {i + 1}: same ({rounds[-1]['same_change']:+.1%}) -> exit {same_code} ({same_line}); slower "
                   f"({rounds[-1]['slow_change']:+.1%}) -> exit {slow_code} ({slow_line})", flush=True)
-    result = {"pairs": opts.pairs, "reports": opts.reports, "fail_slower": opts.fail_slower, "slower": opts.slower,
+    result = {"pairs": opts.pairs, "reports": opts.reports, "epochs": opts.epochs, "fail_slower": opts.fail_slower,
+              "slower": opts.slower,
               "sleep_ms": sleep_ms, "same_passed": sum(r["same_exit"] == 0 for r in rounds),
               "same_undecided": sum(not r["same_decided"] for r in rounds),
               "slow_failed": sum(r["slow_exit"] == 1 for r in rounds),

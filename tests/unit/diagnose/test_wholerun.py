@@ -150,3 +150,19 @@ def test_scalars_for_tensorboard_follow_the_intervals() -> None:
     assert set(points[0][1]) == {"throughput/samples_per_s", "step/data_wait_s", "step/transfer_s", "step/host_s",
                                  "step/compute_s"}
     assert points[-1][1]["run/goodput"] == entry["goodput"] and "phases/evaluation_share" in points[-1][1]
+
+
+def test_an_evaluation_pass_runs_on_through_its_outputs_up_to_its_print_or_the_next_event() -> None:
+    """MNIST's test(): its last forward, then the loss summed with .item() and its result printed; then the next
+    epoch. The HF Trainer's evaluate(): its metrics printed, then the checkpoint's preparation and its writes."""
+    ledger = ledger_with_steps(20)
+    s5, s15 = ledger.step_start[5], ledger.step_start[15]
+    ledger.step_gap[5] = ledger.step_gap[15] = 0.09  # each pass in its step's input gap, before the next input
+    ledger.passes.append(EvalPass(s5 + 0.01, s5 + 0.05, forwards=2))  # the last forward ends at +0.05 ...
+    ledger.intervals.append((LOGGING, s5 + 0.06, s5 + 0.062))  # ... then its metrics: printed at +0.06
+    ledger.passes.append(EvalPass(s15 + 0.01, s15 + 0.04, forwards=2))  # no print: it runs on to the save
+    ledger.wrote(Write("torch.save", s15 + 0.07, s15 + 0.08, 1000))
+    entry = account(ledger, end=ledger.step_end[-1], compiled=False, warmup=5)
+    assert phases(entry)["evaluation"] == pytest.approx(0.052 + 0.06)  # (0.01 to 0.062) + (0.01 to the save)
+    assert entry["evaluation"]["seconds"] == pytest.approx([0.052, 0.06])
+    assert entry["other"]["logging_s"] == pytest.approx(0.0)  # the pass's own print is the pass's

@@ -357,7 +357,10 @@ def judge(comparison: Comparison, fail_slower_pct: float | None = None) -> Gate:
         return Gate(fail_slower_pct, False, False,
                     f"warning: cannot decide: {change}, but BASE was measured while {base_busy}: a slowed baseline "
                     "can hide a slowdown; remeasure BASE on a quiet machine → exit 0")
-    more = "measure more steps (--steps) on a quieter machine, or raise --fail-slower → exit 0"
+    more = ("measure more runs a side (more reports, or --runs) on a quieter machine, or raise --fail-slower → exit 0"
+            if comparison.runs != (1, 1) else
+            "measure more steps (--steps), or several runs a side, on a quieter machine, or raise --fail-slower → "
+            "exit 0")
     if s.high_pct > fail_slower_pct and s.noise_pct > fail_slower_pct:
         return Gate(fail_slower_pct, False, False,
                     f"warning: cannot decide: {change}, and the noise (±{s.noise_pct:.1f} %) is wider than {limit}: "
