@@ -11,7 +11,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import torch
+
+from trainfast.diagnose.capture.instrument import Instrumentation
 from trainfast.diagnose.capture.sites import site_of
+from trainfast.diagnose.capture.timeline import Timeline
 from trainfast.diagnose.fixes.where import setting
 
 
@@ -57,3 +61,33 @@ def test_a_framework_setting_takes_the_fixs_value_and_one_it_lacks_says_where_to
         "TrainingArguments(dataloader_num_workers=4, dataloader_persistent_workers=True)")
     assert setting("lightning", "amp", {"autocast": "bfloat16"}) == "Trainer(precision='bf16-mixed')"
     assert setting("timm", "prefetch_factor", {"prefetch_factor": 4}).startswith("made inside timm: set it where")
+
+
+class _HashedAfterInit(torch.nn.Module):
+    """torchmetrics' `Metric` in this respect: its `__hash__` reads state its `__init__` sets after
+    `nn.Module.__init__` (every Lightning script that logged a metric crashed under the doctor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._defaults = {"total": 0}
+        self.net = torch.nn.Linear(4, 1)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._defaults))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def test_a_module_whose_hash_needs_its_own_init_is_made_and_moved_under_the_hooks() -> None:
+    inst = Instrumentation(Timeline(warmup_steps=0))
+    with inst:
+        model = _HashedAfterInit()  # the model's line: where it was made
+        model.to("cpu")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            model(torch.randn(8, 4)).sum().backward()
+            optimizer.step()
+    made, moved = inst.observed.sites["model"], inst.observed.sites["to"]
+    assert made.file.endswith("test_sites.py") and "_HashedAfterInit()" in made.code
+    assert "model.to(" in moved.code

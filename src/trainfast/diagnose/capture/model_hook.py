@@ -37,6 +37,29 @@ if TYPE_CHECKING:
 MAX_EMPTY_SCANS = 3
 
 
+class _Sites:
+    """A site for each module, held by the module's identity and dropped with it. Not a WeakKeyDictionary: that hashes
+    the module, and a module's own `__hash__` may fail while its `__init__` runs (torchmetrics' `Metric` hashes state
+    it sets after `nn.Module.__init__`: every Lightning script that logged a metric crashed under the doctor)."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[weakref.ref[nn.Module], Site]] = {}
+
+    def __setitem__(self, module: nn.Module, site: Site) -> None:
+        key, by_id = id(module), self._by_id
+
+        def drop(_: weakref.ref[nn.Module]) -> None:  # the module is gone (before its id can be reused)
+            by_id.pop(key, None)
+        by_id[key] = (weakref.ref(module, drop), site)
+
+    def get(self, module: nn.Module) -> Site | None:
+        entry = self._by_id.get(id(module))
+        return entry[1] if entry is not None and entry[0]() is module else None
+
+    def clear(self) -> None:
+        self._by_id.clear()
+
+
 class ModelHook:
     """The roots found (`roots`: id -> where the batch is in its input), each root's first training call
     (`last_calls`: the probe's input), and what the optimizers' first steps described."""
@@ -59,8 +82,7 @@ class ModelHook:
         self._parameters: dict[int, torch.Tensor] = {}  # described, by id (kept alive: ids stay unique)
         self._convs: set[int] = set()
         # where each outermost module was made, and last moved (`_watch_making`)
-        self._made: weakref.WeakKeyDictionary[nn.Module, Site] = weakref.WeakKeyDictionary()
-        self._moved: weakref.WeakKeyDictionary[nn.Module, Site] = weakref.WeakKeyDictionary()
+        self._made, self._moved = _Sites(), _Sites()
 
     def install(self, patch: Patch) -> None:
         """The no_grad/inference_mode blocks are a trigger to look for the model (a loop that only evaluates still
