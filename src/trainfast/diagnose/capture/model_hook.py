@@ -26,8 +26,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from trainfast.diagnose.capture.sites import site_of
-from trainfast.diagnose.records.capture import Site
+from trainfast.diagnose.capture.sites import SiteMap, site_of
 from trainfast.samples import batch_samples, first_leaf
 
 if TYPE_CHECKING:
@@ -35,29 +34,6 @@ if TYPE_CHECKING:
 
 # First scans for the model that may find none before one counts (each walks the GC's objects, ~0.1 s)
 MAX_EMPTY_SCANS = 3
-
-
-class _Sites:
-    """A site for each module, held by the module's identity and dropped with it. Not a WeakKeyDictionary: that hashes
-    the module, and a module's own `__hash__` may fail while its `__init__` runs (torchmetrics' `Metric` hashes state
-    it sets after `nn.Module.__init__`: every Lightning script that logged a metric crashed under the doctor)."""
-
-    def __init__(self) -> None:
-        self._by_id: dict[int, tuple[weakref.ref[nn.Module], Site]] = {}
-
-    def __setitem__(self, module: nn.Module, site: Site) -> None:
-        key, by_id = id(module), self._by_id
-
-        def drop(_: weakref.ref[nn.Module]) -> None:  # the module is gone (before its id can be reused)
-            by_id.pop(key, None)
-        by_id[key] = (weakref.ref(module, drop), site)
-
-    def get(self, module: nn.Module) -> Site | None:
-        entry = self._by_id.get(id(module))
-        return entry[1] if entry is not None and entry[0]() is module else None
-
-    def clear(self) -> None:
-        self._by_id.clear()
 
 
 class ModelHook:
@@ -82,7 +58,7 @@ class ModelHook:
         self._parameters: dict[int, torch.Tensor] = {}  # described, by id (kept alive: ids stay unique)
         self._convs: set[int] = set()
         # where each outermost module was made, and last moved (`_watch_making`)
-        self._made, self._moved = _Sites(), _Sites()
+        self._made, self._moved = SiteMap(), SiteMap()
 
     def install(self, patch: Patch) -> None:
         """The no_grad/inference_mode blocks are a trigger to look for the model (a loop that only evaluates still

@@ -6,7 +6,8 @@ framework that called the script's code (Lightning calling the user's `training_
 
 A frame's file is classified once (`_kind`, cached): a walk costs ~1 us a frame. The walks happen at the objects'
 making (a DataLoader, the outermost module under construction, `.to()`) and at a few firsts (the first training
-forward, the first evaluation forward, the first autocast block, the first checkpoint write), never per step."""
+forward, the first evaluation forward, the first autocast block, the first checkpoint write), never per step.
+`SiteMap` keeps a site per module by the module's identity (its class's `__hash__` may not work yet)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ import linecache
 import os
 import sys
 import sysconfig
+import weakref
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import torch
+from torch import nn
 
 from trainfast.diagnose.records.capture import Site
 
@@ -74,3 +77,26 @@ def site_of(what: str, frame: FrameType | None = None, *, owner: Any = None, ind
             framework = kind
         f = f.f_back
     return Site(what, None, None, "", framework, index) if framework is not None else None
+
+
+class SiteMap:
+    """A site for each module, held by the module's identity and dropped with it. Not a WeakKeyDictionary: that hashes
+    the module, and a module's own `__hash__` may fail while its `__init__` runs (torchmetrics' `Metric` hashes state
+    it sets after `nn.Module.__init__`: every Lightning script that logged a metric crashed under the doctor)."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[weakref.ref[nn.Module], Site]] = {}
+
+    def __setitem__(self, module: nn.Module, site: Site) -> None:
+        key, by_id = id(module), self._by_id
+
+        def drop(_: weakref.ref[nn.Module]) -> None:  # the module is gone (before its id can be reused)
+            by_id.pop(key, None)
+        by_id[key] = (weakref.ref(module, drop), site)
+
+    def get(self, module: nn.Module) -> Site | None:
+        entry = self._by_id.get(id(module))
+        return entry[1] if entry is not None and entry[0]() is module else None
+
+    def clear(self) -> None:
+        self._by_id.clear()
