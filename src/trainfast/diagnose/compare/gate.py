@@ -42,6 +42,7 @@ from trainfast.diagnose.compare.units import (
     _whole_run_units,
     _window_units,
     check_comparable,
+    env_of,
     pooled,
     run_factors,
 )
@@ -254,7 +255,7 @@ def notes(base: Report | Sequence[Report], new: Report | Sequence[Report], names
         code = report["script"].get("exit_code")
         if code:
             out.append(f"{name}'s script ended with exit code {code} ({report['script'].get('outcome') or 'failed'})")
-    torch_versions = [_env(runs[0][0]).get("torch"), _env(runs[1][0]).get("torch")]
+    torch_versions = [env_of(runs[0][0]).get("torch"), env_of(runs[1][0]).get("torch")]
     if None not in torch_versions and torch_versions[0] != torch_versions[1]:
         out.append(f"torch differs: {torch_versions[0]} in {names[0]}, {torch_versions[1]} in {names[1]}: the change "
                    "may be torch's, not the script's")
@@ -277,11 +278,11 @@ def comparability(base: Sequence[Report], new: Sequence[Report], labels: tuple[S
                   ) -> list[str]:
     """What makes the runs comparable, one line each: the machine, torch, the shape (checked by
     `check_comparable`: reports that differ there do not get this far) and other processes' CPU use."""
-    env = _env(base[0])
+    env = env_of(base[0])
     gpus = ", ".join(_gpu_names(env.get("gpus")) or []) or "no GPU"
     cpus = env.get("usable_cpus")
     machine = ", ".join(str(x) for x in (env.get("cpu"), f"{cpus} usable CPUs" if cpus else None, gpus) if x)
-    torch_versions = sorted({str(_env(r).get("torch")) for r in (*base, *new)})
+    torch_versions = sorted({str(env_of(r).get("torch")) for r in (*base, *new)})
     busy = [f"{label} ({why})" for side, side_labels in ((base, labels[0]), (new, labels[1]))
             for r, label in zip(side, side_labels, strict=True) if (why := contention(r))]
     count = len(base) + len(new)
@@ -302,11 +303,6 @@ def _side_contention(side: Sequence[Report], labels: Sequence[str]) -> str | Non
     if len(side) == 1:
         return found[0][1]
     return "; ".join(f"{label}: {why}" for label, why in found)
-
-
-def _env(report: Report) -> Mapping[str, Any]:
-    env = report.get("env")
-    return env if isinstance(env, Mapping) else {}
 
 
 def contention(report: Mapping[str, Any]) -> str | None:

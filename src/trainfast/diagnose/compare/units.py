@@ -78,12 +78,18 @@ def check_comparable(base: Mapping[str, Any], new: Mapping[str, Any], names: tup
     if sizes[0] != sizes[1]:
         raise IncomparableError(f"different shape: the loaders' batch sizes are {sizes[0]} in {b} and {sizes[1]} in "
                                 f"{n}; compare runs with the same batch sizes")
-    envs: list[Mapping[str, Any]] = [r["env"] if isinstance(r.get("env"), Mapping) else {} for r in (base, new)]
+    envs = [env_of(base), env_of(new)]
     for key, what in (("cpu", "CPUs"), ("usable_cpus", "usable CPU counts"), ("gpus", "GPUs")):
         values = [_gpu_names(e.get(key)) if key == "gpus" else e.get(key) for e in envs]
         if None not in values and values[0] != values[1]:
             raise IncomparableError(f"different machines: the {what} differ ({values[0]} in {b}, {values[1]} in {n}); "
                                     "compare runs measured on the same machine (a CI gate: the same runner type)")
+
+
+def env_of(report: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A report's `env`, or an empty one where it has none."""
+    env = report.get("env")
+    return env if isinstance(env, Mapping) else {}
 
 
 def _gpu_names(gpus: Any) -> list[str] | None:

@@ -51,7 +51,8 @@ def account(ledger: LedgerRecord, *, end: float, compiled: bool, warmup: int) ->
     n = len(ledger.step_start)
     first_input = ledger.first_input if n else None
     train_end = ledger.step_end[-1] if n else None
-    intervals = _intervals(ledger, end)
+    ends = pass_ends(ledger, end)  # each evaluation pass's end: carved, and listed by pass
+    intervals = _intervals(ledger, end, ends)
     segments = _sweep(intervals, t0, end)  # (start, end, category) of the carved time, no overlaps
     carved = _Carved(segments)
     seconds = dict.fromkeys((*PRIORITY, "startup", "train", "after"), 0.0)
@@ -89,7 +90,7 @@ def account(ledger: LedgerRecord, *, end: float, compiled: bool, warmup: int) ->
         "train": train | {"seconds": train_s, "samples": samples,
                           "samples_per_s": samples / train_s if train_s > 0 and samples else None},
         "seconds_per_sample": wall_s / samples if samples else None,
-        "evaluation": _evaluation(ledger, end),
+        "evaluation": _evaluation(ledger, end, ends),
         "checkpoint": _checkpoints(ledger, t0),
         "epoch_start": {"epochs": len(ledger.epoch_starts),
                         "seconds": [round(got - started, 6) for started, got, _ in ledger.epoch_starts]},
@@ -99,11 +100,11 @@ def account(ledger: LedgerRecord, *, end: float, compiled: bool, warmup: int) ->
     }
 
 
-def _intervals(ledger: LedgerRecord, end: float) -> list[tuple[str, float, float]]:
-    """Every carved interval: the ledger's own, each evaluation pass, each training epoch's start, and the host
-    work in the input gap of a step that holds one of those (module doc)."""
+def _intervals(ledger: LedgerRecord, end: float, pass_end: list[float]) -> list[tuple[str, float, float]]:
+    """Every carved interval: the ledger's own, each evaluation pass (to its end in `pass_end`), each training
+    epoch's start, and the host work in the input gap of a step that holds one of those (module doc)."""
     out = list(ledger.intervals)
-    out += [(EVALUATION, p.start, stop) for p, stop in zip(ledger.passes, pass_ends(ledger, end), strict=True)]
+    out += [(EVALUATION, p.start, stop) for p, stop in zip(ledger.passes, pass_end, strict=True)]
     out += [(EPOCH_START, started, got) for started, got, _ in ledger.epoch_starts]
     phases = [(s, e) for c, s, e in out if c in (EVALUATION, CHECKPOINT, EPOCH_START)]
     starts = ledger.step_start
@@ -309,13 +310,12 @@ def _rate(ledger: LedgerRecord, carved: _Carved, lo: int, hi: int) -> float | No
     return samples / seconds if seconds > 0 and samples else None
 
 
-def _evaluation(ledger: LedgerRecord, end: float) -> dict[str, Any]:
+def _evaluation(ledger: LedgerRecord, end: float, pass_end: list[float]) -> dict[str, Any]:
     passes = ledger.passes
     forwards = sum(p.forwards for p in passes)
     return {"passes": len(passes), "forwards": forwards, "data_wait_s": sum(p.wait_s for p in passes),
             "autocast_forwards": sum(p.autocast_forwards for p in passes),
-            "seconds": [round(min(stop, end) - p.start, 6) for p, stop in zip(passes, pass_ends(ledger, end),
-                                                                               strict=True)][:100]}
+            "seconds": [round(min(stop, end) - p.start, 6) for p, stop in zip(passes, pass_end, strict=True)][:100]}
 
 
 def _checkpoints(ledger: LedgerRecord, t0: float) -> dict[str, Any]:
