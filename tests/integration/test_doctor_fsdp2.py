@@ -1,6 +1,8 @@
 """`torchrun --nproc-per-node 2 -m trainfast doctor` on an FSDP2 loop (`fully_shard`) over gloo on the CPU: every
 forward is counted, each rank's time blocked in the all-gathers and reduce-scatters is its own part of the step (the
-parts still add up to it), and the report says why no candidate fix could be timed (FSDP modules refuse deepcopy)."""
+parts still add up to it), the report says why no candidate fix could be replayed (FSDP modules refuse deepcopy), and
+FSDP's communication fix is timed on the job's own steps, both ranks switching at the same step (a rank switching
+alone would wait forever in an all-gather the other does not issue: the run ending is the check)."""
 
 from __future__ import annotations
 
@@ -45,4 +47,11 @@ def test_fsdp2_communication_is_its_own_part_of_the_step(
     shown = " ".join(done.stdout.split())  # (rich wraps at 80 columns)
     assert "in the all-gathers and reduce-scatters" in shown and "all-reduce" not in shown
     assert "could not be copied" in report["observed"]["trials"]["reason"]
+    trial = next(t for t in report["observed"]["trials"]["trials"] if t["id"] == "fsdp_reshard")
+    assert trial["rounds"] == 3 and trial["factor"] > 0 and trial["low"] <= trial["factor"] <= trial["high"], trial
+    fixes = {r["id"]: r for r in report["recommendations"]}
+    if "fsdp_communication" in fixes:  # a gain only where measured: never an assumed one
+        fix = fixes["fsdp_communication"]
+        assert fix["expected_gain"] is None or (fix["gain_basis"] == "measured" and
+                                                fix["expected_gain"] == pytest.approx(trial["factor"], abs=1e-3))
     assert any("could not be copied" in note for note in report["notes"])

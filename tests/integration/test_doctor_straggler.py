@@ -44,6 +44,15 @@ def test_one_report_for_the_job_names_the_straggler(
     assert first["communication_s"] > 0.7 * DELAY_S > second["communication_s"]
     assert first["fractions"]["communication"] > 0.5
     assert "in the all-reduce" in " ".join(done.stdout.split())
+    # DDP's all-reduce beside its exposed part, from DDP's own timers (its iterations 1-10 fall in the window)
+    for row in (first, second):
+        ddp = row["ddp_all_reduce"]
+        assert ddp["in_window"] and ddp["sampled_iterations"] >= 1, ddp
+        assert 0 <= ddp["overlapped_s_per_iteration"] <= ddp["seconds_per_iteration"]
+    assert first["ddp_all_reduce"]["seconds_per_iteration"] > 0.5 * DELAY_S  # rank 0's all-reduce waits for rank 1
+    assert "DDP's all-reduce, by its own timers" in " ".join(done.stdout.split())
+    # no fix of the collectives carries an assumed gain
+    assert all(r["expected_gain"] is None for r in report["recommendations"] if r["id"] == "ddp_communication")
     straggler = report["straggler"]
     assert straggler["rank"] == 1 and straggler["phase"] == "input"
     assert 0.8 * DELAY_S < straggler["seconds_per_step"] < 3 * DELAY_S

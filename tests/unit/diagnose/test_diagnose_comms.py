@@ -13,9 +13,9 @@ from trainfast.diagnose.capture.timeline import Timeline
 from trainfast.diagnose.evidence.comms import Collectives, collective_words
 from trainfast.diagnose.evidence.evidence import Evidence
 from trainfast.diagnose.fixes import RULES
-from trainfast.diagnose.fixes.collectives import COMM_HIDDEN
 from trainfast.diagnose.records.findings import Recommendation
 from trainfast.diagnose.records.steps import Fractions, StepRecord
+from trainfast.diagnose.records.trials import Trial, Trials
 from trainfast.diagnose.report.job import job_figures, rank_summary
 from trainfast.diagnose.report.report import Report
 from trainfast.diagnose.verdict import LIMIT_SHARE, classify
@@ -67,9 +67,10 @@ def test_the_totals_over_the_measured_window() -> None:
     assert collective_words([]) == "the collectives"
 
 
-def evidence(comm: float, collectives: dict[str, Any] | None) -> Evidence:
+def evidence(comm: float, collectives: dict[str, Any] | None, trials: Trials | None = None) -> Evidence:
     return Evidence(verdict="communication-bound", device="cpu", fractions=fractions(comm), step_s=0.1, steps=10,
-                    samples_per_s=100.0, syncs_per_step=0.0, cpus=2, collectives=Collectives.of(collectives))
+                    samples_per_s=100.0, syncs_per_step=0.0, cpus=2, collectives=Collectives.of(collectives),
+                    trials=trials)
 
 
 def communication(e: Evidence) -> Recommendation | None:
@@ -79,21 +80,39 @@ def communication(e: Evidence) -> Recommendation | None:
     return found[0] if found else None
 
 
-def test_the_fix_follows_the_wrapper_and_its_gain_is_amdahl_on_the_measured_share() -> None:
+def test_the_fix_follows_the_wrapper_and_no_gain_is_assumed() -> None:
     ddp = {"kinds": {"all-reduce": {}}, "wrappers": ["ddp"], "ddp_gradient_as_bucket_view": False}
     fix = communication(evidence(0.4, ddp))
     assert fix is not None and fix.id == "ddp_communication" and "gradient_as_bucket_view=True" in fix.fix
-    assert fix.expected_gain == pytest.approx(1 / (1 - 0.4 + 0.4 / COMM_HIDDEN))
-    assert fix.gain_basis == "estimate" and fix.basis_reason and "assumed" in fix.basis_reason
+    assert fix.expected_gain is None and fix.basis_reason and "fixed when it is built" in fix.basis_reason
     viewed = communication(evidence(0.4, ddp | {"ddp_gradient_as_bucket_view": True}))
     assert viewed is not None and "gradient_as_bucket_view" not in viewed.fix
     fsdp = {"kinds": {"all-gather": {}, "reduce-scatter": {}}, "wrappers": ["fsdp2"]}
     fix = communication(evidence(0.4, fsdp))
     assert fix is not None and fix.id == "fsdp_communication" and "reshard_after_forward=False" in fix.fix
+    assert fix.expected_gain is None and fix.basis_reason and "not measured" in fix.basis_reason
     own = communication(evidence(0.2, {"kinds": {"all-reduce": {}}, "wrappers": []}))
-    assert own is not None and own.id == "fewer_collectives"
+    assert own is not None and own.id == "fewer_collectives" and own.expected_gain is None
     assert communication(evidence(0.03, fsdp)) is None  # a small cost
     assert communication(evidence(0.4, None)) is None  # no collective seen
+
+
+def test_fsdp_communication_carries_the_gain_measured_on_the_jobs_steps() -> None:
+    fsdp = {"kinds": {"all-gather": {}, "reduce-scatter": {}}, "wrappers": ["fsdp2"]}
+    faster = Trial.of_rounds("fsdp_reshard", "kept gathered", [1.21, 1.25, 1.18], [0.1, 0.1, 0.1], value=False)
+    fix = communication(evidence(0.4, fsdp, Trials({"fsdp_reshard": faster})))
+    assert fix is not None and fix.gain_basis == "measured" and fix.expected_gain == pytest.approx(1.21)
+    assert "1.18-1.25x over 3 rounds" in fix.why
+    # measured faster where little is exposed: the measurement stands
+    small = communication(evidence(0.03, fsdp, Trials({"fsdp_reshard": faster})))
+    assert small is not None and small.expected_gain == pytest.approx(1.21)
+    same = Trial.of_rounds("fsdp_reshard", "kept gathered", [0.97, 1.01, 0.99], [0.1, 0.1, 0.1], value=False)
+    fix = communication(evidence(0.4, fsdp, Trials({"fsdp_reshard": same})))
+    assert fix is not None and fix.expected_gain is None and fix.basis_reason
+    assert "0.99x" in fix.basis_reason and "no gain" in fix.basis_reason
+    cut = Trial("fsdp_reshard", "kept gathered", reason="the run ended after 1 of the trial's 3 rounds (24 steps)")
+    fix = communication(evidence(0.4, fsdp, Trials({"fsdp_reshard": cut})))
+    assert fix is not None and fix.expected_gain is None and "ended after 1 of" in (fix.basis_reason or "")
 
 
 def rank_report(*, comm_s: float, wait_s: float, kinds: list[str]) -> Report:

@@ -297,7 +297,7 @@ def test_a_candidate_the_doctor_failed_to_time_gets_no_assumed_gain() -> None:
     assert rec.expected_gain is None and "could not be copied" in (rec.basis_reason or "")
     notes = not_offered(evidence(conv_weights=5, trials=failed))
     assert any("channels_last not measured" in n and "stopped no other" in n for n in notes)
-    assert any("no candidate fix was timed" in n for n in not_offered(evidence(trials=unprobed)))
+    assert any("no candidate fix was timed on a replay" in n for n in not_offered(evidence(trials=unprobed)))
 
 
 def test_no_channels_last_for_a_practice_in_use() -> None:

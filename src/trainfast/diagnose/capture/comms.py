@@ -14,8 +14,9 @@ script makes its process group after the doctor starts); each hook costs a `perf
   backward. A hook on the loss's first backward node queues an autograd callback, which runs when the backward's
   computation is done, before DDP's own (queued later, at its last bucket): the backward's time after it is DDP's
   exposed communication, the all-reduces' wait and DDP's copy of the reduced buckets into `.grad` (which
-  `gradient_as_bucket_view=True` avoids). The all-reduces are counted from DDP's buckets; the part of them that
-  overlapped the backward is not timed (DDP's own timers read it only at sampled iterations).
+  `gradient_as_bucket_view=True` avoids). The all-reduces are counted from DDP's buckets. Their whole time and the
+  part of it that overlapped the backward's computation are DDP's own timers (`DdpTimers`), which DDP keeps only at
+  its sampled iterations (the first 10, then every 100th): the window's where it holds any, else those before it.
 On CUDA with NCCL a collective's wait is the device stream's, not the host's: what is timed here is the host blocked,
 and communication the device waits for stays in compute.
 """
@@ -59,17 +60,60 @@ class KindStats:
                          self.exposed_s - earlier.exposed_s, self.untimed - earlier.untimed)
 
 
+# DDP keeps its runtime timers at iterations 1-10, then every 100th (torch's reducer: kDDPRuntimeLoggingSampleRate)
+DDP_SAMPLED_FIRST, DDP_SAMPLE_EVERY = 10, 100
+
+
+@dataclass(frozen=True)
+class DdpTimers:
+    """DDP's own timers summed over its sampled iterations up to `iteration` (the last sampled), over the DDP models:
+    the all-reduces from the first bucket's launch to the last one's end, and the part of that overlapping the
+    backward's computation, in seconds."""
+
+    iteration: int = 0
+    sampled: int = 0
+    comm_s: float = 0.0
+    overlap_s: float = 0.0
+    in_window: bool = False  # `since` found sampled iterations after the earlier reading
+
+    @classmethod
+    def read(cls, models: Any) -> DdpTimers | None:
+        found = None
+        for model in models:
+            try:
+                ints = model.logger._get_ddp_logging_data().ints_map
+                iteration = int(ints.get("iteration", 0))
+                comm, overlap = ints["avg_backward_comm_time"], ints["avg_backward_compute_comm_overlap_time"]
+            except Exception:  # an older or changed DDP, or no sampled iteration yet: not timed
+                continue
+            n = min(iteration, DDP_SAMPLED_FIRST) + iteration // DDP_SAMPLE_EVERY
+            timers = cls(iteration, n, comm * n / 1e9, overlap * n / 1e9)
+            found = timers if found is None else cls(max(found.iteration, iteration), max(found.sampled, n),
+                                                     found.comm_s + timers.comm_s, found.overlap_s + timers.overlap_s)
+        return found
+
+    def since(self, earlier: DdpTimers | None) -> DdpTimers:
+        """The sampled iterations after `earlier`'s; all of them where none came after (`in_window` tells)."""
+        if earlier is None or self.sampled <= earlier.sampled:
+            return self
+        return DdpTimers(self.iteration, self.sampled - earlier.sampled, self.comm_s - earlier.comm_s,
+                         self.overlap_s - earlier.overlap_s, in_window=True)
+
+
 @dataclass
 class CommTotals:
-    """What the hooks summed up to one moment, by kind, and the steps closed by then."""
+    """What the hooks summed up to one moment, by kind, the steps closed by then, and DDP's own timers."""
 
     kinds: dict[str, KindStats] = field(default_factory=dict)
     steps: int = 0
+    ddp: DdpTimers | None = None
 
     def since(self, earlier: CommTotals | None) -> CommTotals:
         before = earlier.kinds if earlier is not None else {}
         kinds = {k: s.since(before.get(k)) for k, s in self.kinds.items()}
-        return CommTotals({k: s for k, s in kinds.items() if s.count}, self.steps - (earlier.steps if earlier else 0))
+        ddp = self.ddp.since(earlier.ddp if earlier is not None else None) if self.ddp is not None else None
+        return CommTotals({k: s for k, s in kinds.items() if s.count}, self.steps - (earlier.steps if earlier else 0),
+                          ddp)
 
 
 def wrapper_of(module: Any) -> str | None:
@@ -117,7 +161,8 @@ class Collectives:
         return stats
 
     def totals(self, steps: int) -> CommTotals:
-        return CommTotals({k: dataclasses.replace(s) for k, s in self.kinds.items()}, steps)  # (a copy: they go on)
+        return CommTotals({k: dataclasses.replace(s) for k, s in self.kinds.items()}, steps,  # (a copy: they go on)
+                          DdpTimers.read(list(self._ddp)) if self._ddp else None)
 
     # ---- installation (instrument.py's `_patch`)
     def install(self, patch: Callable[[Any, str, Any], Any]) -> None:
@@ -262,4 +307,15 @@ def collectives_json(start: CommTotals | None, end: CommTotals | None,
     return {"kinds": kinds, "wrappers": sorted(collectives.wrappers),
             "seconds_per_step": sum(k["seconds_per_step"] for k in timed) if len(timed) == len(kinds) else None,
             "exposed_s_per_step": sum(k["exposed_s_per_step"] for k in kinds.values()),
-            "ddp_gradient_as_bucket_view": collectives.ddp_bucket_view}
+            "ddp_gradient_as_bucket_view": collectives.ddp_bucket_view,
+            "ddp_all_reduce": _ddp_json(window.ddp)}
+
+
+def _ddp_json(timers: DdpTimers | None) -> dict[str, Any] | None:
+    """DDP's all-reduce per iteration (a forward and backward), in all and overlapped with the backward's computation,
+    from its own timers over its sampled iterations (module doc); None where DDP kept none."""
+    if timers is None or timers.sampled <= 0:
+        return None
+    return {"seconds_per_iteration": timers.comm_s / timers.sampled,
+            "overlapped_s_per_iteration": timers.overlap_s / timers.sampled, "sampled_iterations": timers.sampled,
+            "last_sampled_iteration": timers.iteration, "in_window": timers.in_window}

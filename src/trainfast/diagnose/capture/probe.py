@@ -245,7 +245,7 @@ def run_trials(calls: list[tuple[nn.Module, Any]], tried: list[Candidate], *,
         why = f"{name} could not be copied ({type(e).__name__}: {_first_line(e)})"
         if _distributed():
             out.reason = (f"{why}, and a replay in place would issue the model's collectives, which the job's other "
-                          "ranks are not in: no candidate was timed")
+                          "ranks are not in: no candidate was replayed")
             return out
         out.in_place, parts = True, [(model, _detached(inputs)) for model, inputs in models.values()]
     restore = _Restore([m for m, _ in parts]) if out.in_place else None

@@ -1,5 +1,6 @@
 """The probes' hook on the timeline: when the measured steps end, the candidate fixes the rules want timed are
-replayed on the script's own model (probe.py), and the next step's FLOPs counted."""
+replayed on the script's own model (probe.py), an FSDP2 model's communication setting is timed on the job's own steps
+(comm_trial.py), and the next step's FLOPs counted."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from trainfast.diagnose.capture.comm_trial import BASE, CANDIDATE, TRIAL_ID, CommTrial, resharding
 from trainfast.diagnose.capture.instrument import Instrumentation
 from trainfast.diagnose.capture.probe import BUDGET_SHARE, MAX_PROBE_S, candidates, run_trials, unwrap
 from trainfast.diagnose.capture.resolve import device_of
@@ -32,9 +34,18 @@ def gain_probe(timeline: Timeline, instrumentation: Instrumentation,
     and first training input (probe.py), within `BUDGET_SHARE` of the budget left (the timeline's deadline) and
     `MAX_PROBE_S` (the time is the doctor's, not the script's: `Timeline.pause`); then count the FLOPs of the next
     step, whole, as the script runs it. Not for a compiled model: it would recompile under the counting mode. Every
-    rank of a job decides alike (on whether the model is compiled, not on a timing), so all take the same steps."""
+    rank of a job decides alike (on whether the model is compiled and sharded, not on a timing), so all take the same
+    steps."""
+    comm: list[CommTrial] = []  # the FSDP2 trial under way
+
     def on_phase_end(phase: str) -> None:
         observed = instrumentation.observed
+        if phase in (BASE, CANDIDATE) and comm:
+            if comm[0].on_phase_end(phase):
+                assert observed.trials is not None
+                observed.trials.trials[TRIAL_ID] = comm.pop().trial()
+                _count_flops()
+            return
         if phase == FLOPS_PHASE and observed.flop_counter is not None:
             flops, counted = observed.flop_counter.stop(), timeline.phases[-1]
             observed.flop_counter = None
@@ -51,6 +62,15 @@ def gain_probe(timeline: Timeline, instrumentation: Instrumentation,
         if phase != MEASURE or instrumentation.observed.trials is not None:
             return
         _time_candidates()
+        modules = resharding(unwrap(module) for module, _ in instrumentation.last_calls.values())
+        if modules and torch.distributed.is_available() and torch.distributed.is_initialized():
+            comm.append(CommTrial(timeline, modules))
+            assert observed.trials is not None
+            observed.trials.trials[TRIAL_ID] = comm[0].unfinished()
+            return
+        _count_flops()
+
+    def _count_flops() -> None:
         if instrumentation.observed.compiled_model or instrumentation.observed.dynamo_at_end.get("frames", 0) > \
                 instrumentation.observed.dynamo_at_start.get("frames", 0):
             instrumentation.observed.flops_reason = "the model is compiled: counting would make torch.compile recompile"

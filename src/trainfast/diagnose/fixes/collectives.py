@@ -1,31 +1,30 @@
 """The collectives' fixes: where the step waits in collectives across ranks (exposed communication, capture/comms.py)
 for more than `DATA_WAIT_BOUND` of it, the settings of the wrapper that issued them (DDP's, FSDP's) that overlap or
-shrink it, or the script's own collectives issued less often. Amdahl on the measured share, the factor assumed
-(`COMM_HIDDEN`): no replay can time a collective without the job's other ranks."""
+shrink it, or the script's own collectives issued less often. No gain is assumed: FSDP2's is measured on the job's
+own steps, every rank alike (capture/comm_trial.py); DDP's bucket settings are fixed when DDP is built, and the
+script's own collectives need an edit, so those two are named with no gain, and say why."""
 
 from __future__ import annotations
 
+from trainfast.diagnose.capture.comm_trial import TRIAL_ID
 from trainfast.diagnose.evidence.evidence import Evidence
-from trainfast.diagnose.fixes.rule import NEEDS_EDIT, Rule, register, speedup_of_part
+from trainfast.diagnose.fixes.rule import MIN_GAIN, NEEDS_EDIT, Rule, register
 from trainfast.diagnose.records.findings import Recommendation
 from trainfast.diagnose.verdict import DATA_WAIT_BOUND
 
-# Exposed communication a fix to the wrapper's settings is assumed to remove: half (bucket views and larger
-# buckets, FSDP2's prefetching or keeping the parameters gathered between forward and backward, fewer syncs): an
-# assumption, not a measurement, as no replay can time a collective without the job's other ranks.
-COMM_HIDDEN = 2.0
+# Why DDP's settings have no gain: they cannot be changed in the running job, and no copy can run without its ranks
+DDP_FIXED = ("DDP's bucket settings are fixed when it is built, so the doctor cannot switch them in the running job "
+             "to time them, and no replay can time a collective without the job's other ranks")
 
 
-def _exposed(e: Evidence) -> tuple[str, float, str] | None:
-    """(why, gain, the estimate's reason) where the step waits in collectives enough to be worth a fix."""
+def _exposed(e: Evidence) -> str | None:
+    """Why the fix is worth naming, where the step waits in collectives for more than `DATA_WAIT_BOUND` of it."""
     share = e.fractions.communication
     if share <= DATA_WAIT_BOUND or e.collectives is None:
         return None
-    why = (f"{share:.0%} of each step is spent blocked in {', '.join(e.collectives.kinds) or 'collectives'} "
-           "(exposed: not overlapped with compute); part of it may be the wait for a slower rank to join, which these "
-           "settings do not remove (the job's report names a rank the others wait for)")
-    reason = f"assumed {COMM_HIDDEN:g}x less exposed communication; {NEEDS_EDIT}, and no replay can time a collective"
-    return why, speedup_of_part(share, COMM_HIDDEN), reason
+    return (f"{share:.0%} of each step is spent blocked in {', '.join(e.collectives.kinds) or 'collectives'} "
+            "(exposed: not overlapped with compute); part of it may be the wait for a slower rank to join, which these "
+            "settings do not remove (the job's report names a rank the others wait for)")
 
 
 @register
@@ -35,17 +34,16 @@ class DdpCommunication(Rule):
     summary = "DDP's all-reduce overlapped with backward (bucket views, larger buckets) or synced less often"
 
     def propose(self, e: Evidence) -> Recommendation | None:
-        exposed = _exposed(e)
-        if exposed is None or e.collectives is None or "ddp" not in e.collectives.wrappers:
+        why = _exposed(e)
+        if why is None or e.collectives is None or "ddp" not in e.collectives.wrappers:
             return None
-        why, gain, reason = exposed
         view = "" if e.collectives.bucket_view else "gradient_as_bucket_view=True, "
         return Recommendation(
             "ddp_communication", "Overlap DDP's all-reduce with backward, or sync less often",
             why + ("; DDP copies the reduced gradients out of its buckets after waiting for them, which bucket views "
                    "avoid" if view else ""),
             f"DistributedDataParallel(model, {view}bucket_cap_mb=50)  # or accumulate: with model.no_sync(): "
-            "for all but the last micro-batch", gain, basis_reason=reason)
+            "for all but the last micro-batch", None, basis_reason=DDP_FIXED)
 
 
 @register
@@ -55,17 +53,35 @@ class FsdpCommunication(Rule):
     summary = "FSDP's all-gathers prefetched, or the parameters kept gathered between forward and backward"
 
     def propose(self, e: Evidence) -> Recommendation | None:
-        exposed = _exposed(e)
-        if (exposed is None or e.collectives is None or "ddp" in e.collectives.wrappers
-                or not {"fsdp2", "fsdp"} & set(e.collectives.wrappers)):
+        wrappers = set(e.collectives.wrappers) if e.collectives is not None else set()
+        if "ddp" in wrappers or not {"fsdp2", "fsdp"} & wrappers:
             return None
-        why, gain, reason = exposed
-        return Recommendation(
-            "fsdp_communication", "Prefetch FSDP's all-gathers, or keep parameters gathered for backward",
-            why + "; FSDP all-gathers each block's parameters before its forward (and again before its backward "
-            "when it resharded after forward) and reduce-scatters its gradients",
-            "fully_shard(block, reshard_after_forward=False)  # no all-gather in backward, more memory; or "
-            "block.set_modules_to_forward_prefetch([next_block])", gain, basis_reason=reason)
+        trial = e.trials.get(TRIAL_ID) if e.trials is not None else None
+        factor = trial.factor if trial is not None else None
+        measured = trial is not None and trial.faster and factor is not None and factor >= MIN_GAIN
+        why = _exposed(e)
+        if why is None and not measured:
+            return None
+        what = "FSDP all-gathers each block's parameters before its forward (and again before its backward when it " \
+               "resharded after forward) and reduce-scatters its gradients"
+        fix = ("fully_shard(block, reshard_after_forward=False)  # no all-gather in backward, more memory; or "
+               "block.set_modules_to_forward_prefetch([next_block])")
+        title = "Prefetch FSDP's all-gathers, or keep parameters gathered for backward"
+        if measured:
+            assert trial is not None and factor is not None
+            return Recommendation(
+                "fsdp_communication", "Keep FSDP's parameters gathered from forward to backward",
+                (why + "; " if why else "") + f"{what}; with the parameters kept gathered the job's own steps ran "
+                f"{factor:.2f}x as fast ({trial.spread()}, every rank switching at the same step)", fix, factor,
+                gain_basis="measured")
+        if trial is not None and trial.factor is not None:
+            reason = (f"measured: keeping the parameters gathered ran the job's steps {trial.factor:.2f}x as fast "
+                      f"({trial.spread()}): no gain worth claiming; prefetching is not timed ({NEEDS_EDIT})")
+        elif trial is not None:
+            reason = f"not measured: {trial.reason}"
+        else:
+            reason = "not measured: no FSDP2 module that reshards after forward was seen to switch"
+        return Recommendation("fsdp_communication", title, f"{why}; {what}", fix, None, basis_reason=reason)
 
 
 @register
@@ -75,12 +91,11 @@ class FewerCollectives(Rule):
     summary = "the script's own collectives (no DDP or FSDP wrapper issued them) issued less often"
 
     def propose(self, e: Evidence) -> Recommendation | None:
-        exposed = _exposed(e)
-        if exposed is None or e.collectives is None or {"ddp", "fsdp2", "fsdp"} & set(e.collectives.wrappers):
+        why = _exposed(e)
+        if why is None or e.collectives is None or {"ddp", "fsdp2", "fsdp"} & set(e.collectives.wrappers):
             return None
-        why, gain, reason = exposed
         return Recommendation(
             "fewer_collectives", "Issue the script's collectives less often",
             why + "; they are the script's own (no DDP or FSDP wrapper issued them)",
-            "dist.all_reduce(metric, async_op=True)  # and wait later, or reduce metrics every N steps", gain,
-            basis_reason=reason)
+            "dist.all_reduce(metric, async_op=True)  # and wait later, or reduce metrics every N steps", None,
+            basis_reason=f"{NEEDS_EDIT}, and no replay can time a collective without the job's other ranks")

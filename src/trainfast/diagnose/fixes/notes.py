@@ -19,7 +19,8 @@ def not_offered(e: Evidence) -> list[Note]:
     notes: list[Note] = []
     if e.trials is not None:
         if e.trials.reason:
-            notes.append(Note(f"no candidate fix was timed on the model: {e.trials.reason}", "fixes"))
+            # (the job's own steps may still have timed FSDP's setting: capture/comm_trial.py)
+            notes.append(Note(f"no candidate fix was timed on a replay of the model: {e.trials.reason}", "fixes"))
         if e.trials.in_place:
             notes.append(Note(f"{e.trials.model} could not be copied, so the candidates were timed on the model "
                               "itself, its gradients, buffers and layout put back after each", "fixes"))

@@ -104,6 +104,8 @@ def rank_summary(report: Report, *, rank: int, exit_code: int, host: str | None 
         # the collectives this rank issued per step: names, and their seconds in all (None: not all timed)
         "collectives": list(collectives.get("kinds") or {}),
         "communication_total_s": collectives.get("seconds_per_step"),
+        # DDP's all-reduce from its own timers (capture/comms.py): in all, and overlapped with the backward
+        "ddp_all_reduce": collectives.get("ddp_all_reduce"),
         "verdict": report.verdict.name if report.verdict else None,
         "verdict_reason": report.verdict.reason if report.verdict else None,
         "input_source": report.input_source,
@@ -134,7 +136,8 @@ def job_figures(summaries: Sequence[Mapping[str, Any]], *,
              "fractions": s.get("fractions"), "verdict": s.get("verdict"), "steps_measured": s.get("steps_measured"),
              "waiting_for_ranks": None, "waiting_for_ranks_s": None, "whole_run": s.get("whole_run"),
              "communication_s": (s.get("parts_s") or {}).get("communication"),
-             "communication_total_s": s.get("communication_total_s"), "collectives": s.get("collectives") or []}
+             "communication_total_s": s.get("communication_total_s"), "collectives": s.get("collectives") or [],
+             "ddp_all_reduce": s.get("ddp_all_reduce")}
             for s in summaries]
     notes: list[str] = []
     measured = [s for s in summaries if s.get("parts_s") and s.get("step_s_mean")]

@@ -210,6 +210,13 @@ def render_ranks(report: Mapping[str, Any], console: Console) -> None:
             f" of {_ms(float(row['communication_total_s']))} in all" if row.get("communication_total_s") is not None
             else "") for row in timed)
         console.print(f"communication: {collectives}; blocked in them per step (exposed): {each}")
+        ddp = [(row["rank"], row["ddp_all_reduce"]) for row in timed if row.get("ddp_all_reduce")]
+        if ddp:
+            console.print("DDP's all-reduce, by its own timers (" + ("its sampled iterations in the window" if all(
+                d["in_window"] for _, d in ddp) else "its sampled iterations, the first 10 and every 100th") +
+                "): " + ", ".join(f"rank {r} {_ms(d['seconds_per_iteration'])} an iteration in all, "
+                                  f"{_ms(d['overlapped_s_per_iteration'])} of it overlapped with the backward"
+                                  for r, d in ddp))
     if any(row.get("whole_run") for row in rows):
         phases = PHASES
         whole = Table(title="ranks' whole runs: seconds in each phase", title_justify="left", box=box.SIMPLE_HEAD,
