@@ -11,6 +11,8 @@ buckets live in the child's memory, so they survive).
         server.command("fail 503 2 shard-000001")          # the next 2 requests naming it get 503
         server.command("down"); server.command("up")
 
+`server.requests()` and `server.bytes_sent()` count what it received and sent since the last `reset`.
+
 Run as a script it is the child: `python remote_servers.py {http ROOT|s3} [--latency-s S]`; it prints
 `port N`, then answers each command on stdin with `ok ...`.
 """
@@ -27,7 +29,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -56,7 +58,8 @@ class RemoteServer:
         self._lock = threading.Lock()
 
     def command(self, line: str) -> str:
-        """Send one control line (`fail STATUS COUNT [MATCH]`, `latency S`, `down`, `up`, `requests`, `reset`);
+        """Send one control line (`fail STATUS COUNT [MATCH]`, `latency S`, `down`, `up`, `requests`, `bytes`,
+        `reset`);
         returns the child's answer after `ok`."""
         assert self.process.stdin is not None and self.process.stdout is not None
         with self._lock:
@@ -70,6 +73,10 @@ class RemoteServer:
     def requests(self) -> int:
         """Requests the server has received (failed ones included)."""
         return int(self.command("requests"))
+
+    def bytes_sent(self) -> int:
+        """Bytes of response bodies the server has sent (since the start or the last `reset`)."""
+        return int(self.command("bytes"))
 
     def make_bucket(self, name: str) -> str:
         """An S3 bucket (moto takes unsigned requests); returns `s3://name`."""
@@ -111,6 +118,7 @@ class Faults:
         self.app, self.latency_s, self.down = app, latency_s, False
         self.failures: list[list[Any]] = []  # [status, count left, match]
         self.requests = 0
+        self.bytes = 0  # of response bodies sent
         self.lock = threading.Lock()
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -131,7 +139,25 @@ class Faults:
             status = int(failure[0])
             start_response(f"{status} {HTTPStatus(status).phrase}", [("Content-Length", "0")])
             return [b""]
-        return self.app(environ, start_response)
+        return _Counted(self.app(environ, start_response), self)
+
+
+class _Counted:
+    """A response body that adds the bytes it yields to `faults.bytes` (and closes the inner body, as WSGI asks)."""
+
+    def __init__(self, body: Iterable[bytes], faults: Faults) -> None:
+        self.body, self.faults = body, faults
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.body:
+            with self.faults.lock:
+                self.faults.bytes += len(chunk)
+            yield chunk
+
+    def close(self) -> None:
+        close = getattr(self.body, "close", None)
+        if close is not None:
+            close()
 
 
 def static_app(root: Path) -> WSGIApp:
@@ -193,9 +219,11 @@ def main() -> None:
             faults.latency_s = float(words[1])
         elif words[0] == "requests":
             answer = str(faults.requests)
+        elif words[0] == "bytes":
+            answer = str(faults.bytes)
         elif words[0] == "reset":
             with faults.lock:
-                faults.failures, faults.requests = [], 0
+                faults.failures, faults.requests, faults.bytes = [], 0, 0
         elif words[0] == "down" and server is not None:
             faults.down = True
             server.shutdown()

@@ -20,7 +20,6 @@ from torch import nn
 from remote_servers import RemoteServer
 from trainfast.cli import EXPECTED, FAILED, error_message, main
 from trainfast.data import PackedImages
-from trainfast.data.packed import CACHED_SHARDS
 from trainfast.data.packing import INDEX_NAME, PackResult, pack, upload_pack
 from trainfast.data.remote import ObjectStore, RemoteStorageError, RemoteSupportMissing
 from trainfast.loader.make import make_loader
@@ -31,6 +30,9 @@ from trainfast.trainer.loop import Trainer
 
 pytestmark = pytest.mark.timeout(120)
 IMAGE_SIZE = 16
+# the shard cache of a loader process in `_run`: 4 of tiny_pack's 20 KiB shards, fewer than an epoch reads, so every
+# epoch reads the storage (the default cache would hold the whole tiny pack after the first)
+RUN_CACHE_BYTES = 4 * 20_480
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +175,8 @@ def _run(url: str, ckpt: Path | None, *, resume: bool = False, callbacks: tuple[
     """2 epochs of 10 batches over the pack at `url`, in a loader worker process (it makes its own client)."""
     seed_all(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(3 * IMAGE_SIZE * IMAGE_SIZE, 32), nn.GELU(), nn.Linear(32, 10))
-    loader = make_loader(PackedImages(f"{url}/train", image_size=IMAGE_SIZE), 8, workers=1, seed=3)
+    loader = make_loader(PackedImages(f"{url}/train", image_size=IMAGE_SIZE, cache_bytes=RUN_CACHE_BYTES), 8,
+                         workers=1, seed=3)
     config = TrainConfig(epochs=2, progress=False, warmup_steps=2, device="cpu", precision="32-true", log_every=1,
                          checkpoint_dir=str(ckpt) if ckpt else None)
     trainer = Trainer(model, config=config, callbacks=callbacks)
@@ -215,8 +218,10 @@ def test_storage_lost_mid_epoch_stops_with_the_checkpoint_intact_and_resume_is_b
 def test_an_epoch_from_a_url_fetches_each_shard_whole_once(tiny_pack: tuple[Path, PackResult],
                                                            http_server: RemoteServer) -> None:
     """make_loader visits remote shards a window at a time, so each is one request an epoch, not one per sample."""
-    dataset = PackedImages(f"{http_server.url}/tiny/train", image_size=IMAGE_SIZE, train=False)
-    assert dataset.read_groups is not None and dataset.shards > CACHED_SHARDS  # more shards than the cache holds
+    sizes = [p.stat().st_size for p in (tiny_pack[0] / "train").glob("shard-*.tar")]
+    cache_bytes = 4 * max(sizes)  # 4 shards, as many as two windows hold
+    dataset = PackedImages(f"{http_server.url}/tiny/train", image_size=IMAGE_SIZE, train=False, cache_bytes=cache_bytes)
+    assert dataset.read_groups is not None and sum(sizes) > 2 * cache_bytes  # more shards than the cache holds
     loader = make_loader(dataset, 8, workers=0, seed=3)
     before = http_server.requests()
     seen = [int(t) for _, targets in loader for t in targets]

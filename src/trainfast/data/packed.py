@@ -7,11 +7,13 @@ shard and process (under a lock: loader threads share them); the maps are never 
 (fork or spawn) opens its own.
 
 From a URL, a batch (`__getitems__`, which the loaders call) waits about one round-trip: a shard it reads
-`WHOLE_SHARD_SAMPLES` or more samples of is fetched whole, once, and kept (at most `CACHED_SHARDS` a process, the
-least recently used dropped); its other samples' byte ranges are requested all at once. `make_loader` visits remote
-shards a window of two at a time (`read_groups`, loader/batches.py), so each shard is fetched whole once an epoch
-instead of one request per sample: measured on a local S3 server, a ranged request costs ~1.6 ms of client CPU
-(signing, aiohttp) and ~3 ms of the server's, 110 ms a batch of 64, which the training pays on the same cores.
+`WHOLE_SHARD_SAMPLES` or more samples of is fetched whole, once, and kept (at most `CACHE_BYTES` of whole shards a
+process, the least recently used dropped; a shard larger than that is always read by ranges); its other samples' byte
+ranges are requested all at once. `make_loader` visits remote shards a window of two at a time (`read_groups`,
+loader/batches.py), each rank and each loader process its own shards, so each shard is fetched whole about once an
+epoch in all instead of one request per sample: measured on a local S3 server, a ranged request costs ~1.6 ms of
+client CPU (signing, aiohttp) and ~3 ms of the server's, 110 ms a batch of 64, which the training pays on the same
+cores.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import numpy as np
 import torch
 
 from trainfast.data.decode import CorruptImageError, decode_image, image_sample_bytes
-from trainfast.data.packing import INDEX_NAME, INDEX_VERSION, KEY_DIGITS, SHARD_PATTERN
+from trainfast.data.packing import DEFAULT_SHARD_BYTES, INDEX_NAME, INDEX_VERSION, KEY_DIGITS, SHARD_PATTERN
 from trainfast.data.remote import DataRoot, ObjectStore, RemoteStorageError, check_scheme, is_url, join
 from trainfast.loader.prefetch import Normalize
 
@@ -41,9 +43,10 @@ log = logging.getLogger("trainfast")
 # so is any shard this small, which costs about what one request does
 WHOLE_SHARD_SAMPLES = 4
 SMALL_SHARD_BYTES = 4 << 20
-# Whole shards kept per process: two windows of the loader's order (2 shards each), so a batch crossing from one
-# window to the next finds both (4 x 64 MiB at pack's default shard size)
-CACHED_SHARDS = 4
+# Bytes of whole shards kept per process (each DataLoader worker has its own cache; loader threads share theirs):
+# two windows of the loader's order (2 shards each) at pack's default 64 MiB shard size, so a batch crossing from
+# one window to the next finds all four. A bound in bytes, not shards: memory is then known whatever the shard size.
+CACHE_BYTES = 4 * DEFAULT_SHARD_BYTES
 
 
 class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
@@ -55,6 +58,13 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     the retries of a failing request (default `$TRAINFAST_REMOTE_RETRY_S`, else 30 s), then `RemoteStorageError`;
     `storage_options` go to fsspec (s3: `endpoint_url`, `key`, `secret`, ...).
 
+    Memory from a URL: each process (the main one, or each DataLoader worker: with 4 workers per rank, 4 caches)
+    keeps at most `cache_bytes` of whole shards (default `CACHE_BYTES`, 256 MiB), the least recently used
+    dropped; a shard larger than that is read by byte ranges instead, never whole. Beyond it a process holds only
+    what is in flight: the shards its batches being made are reading (one being downloaded, or one just dropped
+    while a batch still reads it). So a rank holds at most workers x `cache_bytes` + that. `cache_peak_bytes` is
+    the most this process's cache has held.
+
     The corrupt source images `pack` left out are listed in `pack_skipped` (path, why). `skipped` and
     `bad_samples` are 0: a sample that fails to decode here (a damaged shard) raises `CorruptImageError` naming
     the shard and key.
@@ -64,7 +74,12 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
 
     def __init__(self, root: str | Path, *, image_size: int = 64, train: bool = True, decode: str = "draft",
                  crop_scale: tuple[float, float] = (0.35, 1.0), center_fraction: float = 0.875,
-                 retry_s: float | None = None, storage_options: dict[str, Any] | None = None) -> None:
+                 retry_s: float | None = None, storage_options: dict[str, Any] | None = None,
+                 cache_bytes: int = CACHE_BYTES) -> None:
+        if cache_bytes < 0:
+            raise ValueError(f"cache_bytes={cache_bytes} is not valid; give bytes >= 0 (0: no shard kept whole, "
+                             f"every sample read by range; default {CACHE_BYTES})")
+        self.cache_bytes = cache_bytes
         self._store: ObjectStore | None = None
         if isinstance(root, str) and is_url(root):
             self._store = ObjectStore(root, retry_s=retry_s, storage_options=storage_options)
@@ -111,6 +126,8 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._cache: OrderedDict[int, bytes] = OrderedDict()  # remote shards fetched whole, least recent first
+        self._cached = 0  # bytes in _cache
+        self.cache_peak_bytes = 0  # the most bytes _cache has held in this process
         self._fetching: dict[int, threading.Lock] = {}  # one download per shard when loader threads want it at once
 
     @property
@@ -154,6 +171,7 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_maps"], state["_cache"] = {}, OrderedDict()  # open maps stay in the process that opened them
+        state["_cached"] = state["cache_peak_bytes"] = 0
         del state["_lock"], state["_fetching"]
         return state
 
@@ -164,6 +182,7 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         """Forked after opening: our own maps and cache, and locks no parent thread holds."""
         if self._pid != os.getpid():
             self._maps, self._cache, self._fetching = {}, OrderedDict(), {}
+            self._cached = self.cache_peak_bytes = 0
             self._lock, self._pid = threading.Lock(), os.getpid()
 
     def _map(self, shard: int) -> mmap.mmap:
@@ -207,8 +226,9 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         self._own()
         shards = [int(self._shards[i]) for i in indices]
         counts = Counter(shards)
-        whole = {n: self._whole(n) for n, count in counts.items()
-                 if count >= WHOLE_SHARD_SAMPLES or self._shard_ends[n] <= SMALL_SHARD_BYTES or n in self._cache}
+        whole = {n: self._whole(n) for n, count in counts.items() if n in self._cache or (
+                 self._shard_ends[n] <= self.cache_bytes
+                 and (count >= WHOLE_SHARD_SAMPLES or self._shard_ends[n] <= SMALL_SHARD_BYTES))}
         ranged = [k for k, n in enumerate(shards) if n not in whole]
         datas: list[bytes] = [b""] * len(indices)
         for k, n in enumerate(shards):
@@ -222,7 +242,7 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         return [self._sample(i, data) for i, data in zip(indices, datas, strict=True)]
 
     def _whole(self, shard: int) -> bytes:
-        """Shard `shard` fetched whole (once per process while it stays among the `CACHED_SHARDS` used last)."""
+        """Shard `shard` fetched whole (once per process while it stays within the `cache_bytes` used last)."""
         assert self._store is not None
         with self._lock:
             if shard in self._cache:
@@ -239,9 +259,12 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
                 raise CorruptImageError(f"shard {join(self.root, name)!r} is {len(data)} bytes, shorter than its "
                                         f"index says ({self._shard_ends[shard]}); pack the images again")
             with self._lock:
-                self._cache[shard] = data
-                while len(self._cache) > CACHED_SHARDS:
-                    self._cache.popitem(last=False)
+                if len(data) <= self.cache_bytes:  # (the object may be longer than its last sample: tar padding)
+                    self._cache[shard] = data
+                    self._cached += len(data)
+                    while self._cached > self.cache_bytes:
+                        self._cached -= len(self._cache.popitem(last=False)[1])
+                    self.cache_peak_bytes = max(self.cache_peak_bytes, self._cached)
                 self._fetching.pop(shard, None)
         return data
 
@@ -269,5 +292,6 @@ class PackedImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         with self._lock:
             maps, self._maps = self._maps, {}
             self._cache.clear()
+            self._cached = 0
         for mm in maps.values():
             mm.close()

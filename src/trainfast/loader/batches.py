@@ -14,18 +14,28 @@ from trainfast.loader.seeding import derive_seed
 class EpochBatches(torch.utils.data.Sampler[tuple[int, np.ndarray]]):
     """Yields `(batch_seed, indices)` for one epoch; the order is a function of (seed, epoch) only.
 
-    With `world_size > 1` each rank takes every `world_size`-th sample of the shuffled order, padded
+    Without `groups`, with `world_size > 1` each rank takes every `world_size`-th sample of the shuffled order, padded
     by wrapping around so every rank has the same number of batches (as `DistributedSampler`).
     `start_at(b)` makes the next epoch begin at batch `b`: resuming mid-epoch costs nothing, no
     batch is fetched only to be thrown away.
 
-    `groups` (each sample's group, e.g. the shard holding it): a shuffled epoch visits the groups in a shuffled
-    order, `window` at a time, its samples shuffled within each window (WebDataset's shard shuffle), so a dataset
-    that reads a whole group at once (remote shards) holds only a few at a time and reads each once an epoch.
+    `groups` (each sample's group, e.g. the shard holding it) is for a dataset that reads a whole group at once
+    (remote shards): each rank, and each of its `workers` loader processes, then reads only its own groups
+    (WebDataset's split by node and by worker). The epoch visits the groups in an order shuffled from (seed,
+    epoch); every rank takes a contiguous run of `ceil(num_samples / world_size)` samples of that sequence (the last
+    padded by wrapping around; a group at a boundary is split between two ranks), and splits its run again into
+    `workers` contiguous runs, one per loader process: the DataLoader deals batches round-robin, so worker `w` makes
+    batches `w, w + workers, ...`, which are drawn from its run in turn. Within a run the samples are shuffled
+    `window` groups at a time (WebDataset's shard shuffle), so a process holds a few groups at a time and fetches each
+    whole once an epoch, plus the at most two its run shares with a neighbour: with N ranks the storage serves the
+    data about once an epoch, not N times. The order then also depends on `workers` (and rank, world size), fixed
+    for a run: a run resumed with another number of worker processes reads another order from its resume point on.
+    Every rank computes the same global assignment without communicating. Unshuffled, the groups keep their order.
     """
 
     def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool, drop_last: bool, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, groups: np.ndarray | None = None, window: int = 2) -> None:
+                 rank: int = 0, world_size: int = 1, groups: np.ndarray | None = None, window: int = 2,
+                 workers: int = 1) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} is not valid; use a positive integer")
         if world_size < 1:
@@ -39,7 +49,9 @@ class EpochBatches(torch.utils.data.Sampler[tuple[int, np.ndarray]]):
             raise ValueError(f"groups has {len(groups)} entries for {num_samples} samples; give one per sample")
         if window < 1:
             raise ValueError(f"window={window} is not valid; use a positive integer")
-        self.groups, self.window = groups, window
+        if workers < 1:
+            raise ValueError(f"workers={workers} is not valid; give the loader's worker processes, 1 for none")
+        self.groups, self.window, self.workers = groups, window, workers
         self.epoch = 0
         self._start = 0
 
@@ -71,29 +83,59 @@ class EpochBatches(torch.utils.data.Sampler[tuple[int, np.ndarray]]):
 
     def indices(self) -> Iterator[tuple[int, np.ndarray]]:
         """(batch number, sample indices) for this epoch, without seeds (for loaders with no randomness)."""
-        if self.shuffle and self.groups is not None:
-            order = self._windowed(np.random.default_rng([self.seed, self.epoch]), self.groups)
-        elif self.shuffle:
-            order = np.random.default_rng([self.seed, self.epoch]).permutation(self.num_samples)
+        if self.groups is not None:
+            order = self._grouped(self.groups)
         else:
-            order = np.arange(self.num_samples)
-        if self.world_size > 1:
-            total = self._per_rank() * self.world_size
-            order = np.resize(order, total)[self.rank::self.world_size]  # np.resize wraps around
+            if self.shuffle:
+                order = np.random.default_rng([self.seed, self.epoch]).permutation(self.num_samples)
+            else:
+                order = np.arange(self.num_samples)
+            if self.world_size > 1:
+                total = self._per_rank() * self.world_size
+                order = np.resize(order, total)[self.rank::self.world_size]  # np.resize wraps around
         start, self._start = self._start, 0
         for b in range(start, len(self)):
             yield b, order[b * self.batch_size:(b + 1) * self.batch_size]
 
-
-    def _windowed(self, rng: np.random.Generator, groups: np.ndarray) -> np.ndarray:
-        """The groups in a shuffled order, `window` at a time, each window's samples shuffled."""
-        names, of_sample = np.unique(groups, return_inverse=True)
-        visit = rng.permutation(len(names))
-        rank_of = np.empty_like(visit)
-        rank_of[visit] = np.arange(len(visit))  # each group's place in the visit order
-        # sort by (window, a random key): windows in order, samples shuffled inside each
-        window_of = rank_of[of_sample] // self.window
-        return np.lexsort((rng.random(len(groups)), window_of))
+    def _grouped(self, groups: np.ndarray) -> np.ndarray:
+        """This rank's samples in batch order: its run of the epoch's group sequence, split between the workers."""
+        per_rank, batch, workers = self._per_rank(), self.batch_size, self.workers
+        count = len(self)
+        if count == 0:
+            return np.empty(0, dtype=np.int64)
+        _, of_sample = np.unique(groups, return_inverse=True)
+        of_sample = of_sample.reshape(-1)
+        rng = np.random.default_rng([self.seed, self.epoch]) if self.shuffle else None
+        if rng is not None:
+            visit = rng.permutation(int(of_sample.max()) + 1)
+            place = np.empty_like(visit)
+            place[visit] = np.arange(len(visit))  # each group's place in the visit order
+            # groups in visit order, each one's samples shuffled (so a group split at a boundary is split at random)
+            sequence = np.lexsort((rng.random(self.num_samples), place[of_sample]))
+            keys = rng.random(per_rank * self.world_size)[self.rank * per_rank:(self.rank + 1) * per_rank]
+        else:
+            sequence = np.argsort(of_sample, kind="stable")
+        run = np.resize(sequence, per_rank * self.world_size)[self.rank * per_rank:(self.rank + 1) * per_rank]
+        # the samples of each batch: full batches but the last (without drop_last); worker w makes w, w + workers, ...
+        sizes = np.full(count, batch, dtype=np.int64)
+        sizes[-1] = per_rank - (count - 1) * batch if not self.drop_last else batch
+        taken = np.array([sizes[w::workers].sum() for w in range(workers)], dtype=np.int64)
+        begins = np.concatenate(([0], np.cumsum(taken)[:-1]))  # each worker's run within this rank's
+        if rng is not None:
+            worker = np.repeat(np.arange(workers), taken)
+            run = run[:len(worker)]  # drop_last leaves the run's tail out
+            grouped = of_sample[run]
+            new = np.ones(len(run), dtype=bool)  # a group begins here (the same group again in the next run: anew)
+            new[1:] = grouped[1:] != grouped[:-1]
+            new[begins[taken > 0]] = True
+            ordinal = np.cumsum(new) - 1
+            first = np.append(ordinal, 0)[begins]  # each run's first group (a worker with no batches: none)
+            window = (ordinal - first[worker]) // self.window
+            run = run[np.lexsort((keys[:len(run)], window, worker))]  # shuffled within each window of each run
+        position = np.arange(int(sizes.sum()))
+        b, j = position // batch, position % batch
+        order: np.ndarray = run[begins[b % workers] + (b // workers) * batch + j]
+        return order
 
 
 class EpochLoader:

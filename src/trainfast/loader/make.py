@@ -205,7 +205,8 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
     sequence of tensors), which take the in-memory path: batched indexing, no workers, no collate; tensors
     already on the GPU are gathered there, and pinning (host memory only) does not apply to them.
     Shuffle order and per-batch augmentation seeds depend only on (seed, epoch, batch), never on the
-    worker count. `rank`/`world_size` default to torchrun's `RANK`/`WORLD_SIZE`. `workers="tuned"` takes
+    worker count (but a remote pack's order, whose shards are split between the worker processes: `EpochBatches`).
+    `rank`/`world_size` default to torchrun's `RANK`/`WORLD_SIZE`. `workers="tuned"` takes
     workers, prefetch, pinning, the backend and (for CPU training) intra-op threads from `trainfast tune`'s result
     for this dataset and batch size, falling back to "auto" when there is none; under torchrun the tuned workers and
     threads are scaled to this process's share of the CPUs (the tuning measured one process owning them all).
@@ -247,10 +248,12 @@ def build_loader(resolution: LoaderResolution) -> Loader | TensorLoader | Thread
         return TensorLoader(r.tensors, r.batch_size, shuffle=options.shuffle, drop_last=plan.drop_last,
                             seed=options.seed, rank=r.rank, world_size=r.world_size, pin_memory=plan.pin_memory,
                             normalize=r.normalize, plan=plan)
-    # a dataset that reads whole groups of samples at once (remote shards) names them: the epoch visits a few at a time
+    # a dataset that reads whole groups of samples at once (remote shards) names them: the epoch visits a few at a
+    # time, each rank and each worker process its own (threads share their process's groups: one split)
     batches = EpochBatches(r.length, r.batch_size, shuffle=options.shuffle, drop_last=plan.drop_last,
                            seed=options.seed, rank=r.rank, world_size=r.world_size,
-                           groups=getattr(r.samples, "read_groups", None))
+                           groups=getattr(r.samples, "read_groups", None),
+                           workers=1 if plan.backend == "threads" else max(plan.num_workers, 1))
     collate = options.collate_fn or torch.utils.data.default_collate
     if plan.backend == "threads":
         log.info("make_loader: %s", plan.describe())
