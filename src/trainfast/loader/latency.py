@@ -4,7 +4,9 @@
 Data on NFS or object storage makes each read wait milliseconds for its first byte while the CPU idles. Cores do
 not help there, concurrency does: Little's law, batches in flight = the rate wanted x the time a batch takes. A
 read is "waiting" when the CPU is busy for less than `WAITING_BUSY` of its wall time; a pipeline whose reads are
-busy keeps `make_loader`'s CPU-sized plan exactly.
+busy keeps `make_loader`'s CPU-sized plan exactly. The probe returns within about `PROBE_DEADLINE_S` whatever a read
+does: storage at scale stalls now and then, and a read still running at the deadline is timed up to it (a stall
+waits: it tips the plan toward threads) and cannot touch the training afterwards (`trainfast.loader.timed_reads`).
 """
 
 from __future__ import annotations
@@ -19,15 +21,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainfast.host import queued_s
-from trainfast.loader.seeding import seeded
+from trainfast.loader.timed_reads import CutOff, time_reads
 from trainfast.units import format_bytes
 
 # Below this share of their wall time on the CPU, reads wait more than they work: more threads than cores pay.
 WAITING_BUSY = 0.5
-# The probe at resolve time: at most this many timed reads and about this long (a read is never cut short).
+# The probe at resolve time: at most this many timed reads and about this long, unless one read takes longer; and
+# whatever a read does, make_loader goes on after PROBE_DEADLINE_S (a stalled read is cut off there: a 20 s stall
+# made make_loader take 20 s, a hung read forever).
 PROBE_READS = 8
 PROBE_BUDGET_S = 0.25
+PROBE_DEADLINE_S = 1.0
 # Most threads a pool hiding read latency grows to: 64 x 20 ms reads overlap into ~3,200 samples/s from one
 # process; past that, the GIL's hand-offs between threads cost the training thread more than the reads gain.
 MAX_THREADS = 64
@@ -83,15 +87,17 @@ class FetchCounter:
 
 @dataclass(frozen=True)
 class ReadProbe:
-    """A few of a dataset's reads timed in this process: their number, wall and CPU seconds, the seconds they were
-    ready to run but waited for a CPU (`queued_s`: another process had it), and a sample's bytes when its tensors
-    tell (None otherwise)."""
+    """A few of a dataset's reads timed apart from the training: their number, wall and CPU seconds, the seconds
+    they were ready to run but waited for a CPU (`queued_s`: another process had it), and a sample's bytes when its
+    tensors tell (None otherwise). A read still running at the probe's deadline (`cut_off`) is not among the
+    `reads`, but its seconds up to the deadline are in the sums: a stall that waits counts as waiting."""
 
     reads: int
     wall_s: float
     cpu_s: float
     sample_bytes: int | None
     queued_s: float = 0.0
+    cut_off: CutOff | None = None
 
     @property
     def busy(self) -> float:
@@ -105,42 +111,45 @@ class ReadProbe:
         return self.busy < WAITING_BUSY
 
     def describe(self) -> str:
-        return (f"{self.reads} read(s) of {1000 * self.wall_s / self.reads:.1f} ms each, "
-                f"{self.busy:.0%} of it on the CPU")
+        if self.cut_off is None:
+            return (f"{self.reads} read(s) of {1000 * self.wall_s / self.reads:.1f} ms each, "
+                    f"{self.busy:.0%} of it on the CPU")
+        cut = self.cut_off
+        done = (f"{self.reads} read(s) of {1000 * (self.wall_s - cut.wall_s) / self.reads:.1f} ms each and "
+                if self.reads else "")
+        unknown = "" if cut.cpu_known else " (its CPU time unknown, counted as none)"
+        return f"{done}1 read (sample {cut.index}) still running after {cut.wall_s:.1f} s{unknown}, " \
+               f"{self.busy:.0%} of the time on the CPU"
 
 
-def probe_reads(dataset: Any, length: int, *, reads: int = PROBE_READS, budget_s: float = PROBE_BUDGET_S
-                ) -> ReadProbe | None:
-    """Time up to `reads` reads `dataset[i]`, spread over its `length` samples, for about `budget_s` at most (one
-    read more when the first is slower), after one untimed read: a first read may open files or a connection once.
+def probe_reads(dataset: Any, length: int, *, reads: int = PROBE_READS, budget_s: float = PROBE_BUDGET_S,
+                deadline_s: float = PROBE_DEADLINE_S, fork: bool | None = None) -> ReadProbe | None:
+    """Time up to `reads` reads `dataset[i]`, spread over its `length` samples, for about `budget_s` (one read more
+    when the first is slower), after one untimed read: a first read may open files or a connection once. Returns
+    within about `deadline_s` whatever a read does: a read still running then is timed up to it (`cut_off`).
 
-    The CPU time is the process's, not the thread's: a read that runs torch's intra-op threads is busy, and an
-    error leans to "busy", which keeps the CPU-sized plan. The time this thread waited for a CPU (Linux's
-    schedstat) is left out of the wall time: on a machine busy with other work, reads that use the CPU are not
-    mistaken for reads that wait (measured: a 0.2 s CPU-bound loop among 4 on 2 cores took 0.57 s, 0.37 s of it
-    queued for a CPU), nor sleeping reads, which queue after waking, for busy ones. The global RNGs (`random`,
-    numpy, torch) are seeded for the reads and then put back as they were. None when there is nothing to read or
-    any read fails: no decision, and the failure is left for the loader to report at its batch.
+    The reads run in a forked child (Linux; `fork` False: in a thread), so that a read left running cannot draw
+    from the training's global RNGs, raise or keep handles open after the probe returns (`timed_reads`). The CPU
+    time is that process's, not the thread's: a read that runs torch's intra-op threads is busy, and an error leans
+    to "busy", which keeps the CPU-sized plan. The time the reading thread waited for a CPU (Linux's schedstat) is
+    left out of the wall time: on a machine busy with other work, reads that use the CPU are not mistaken for reads
+    that wait (measured: a 0.2 s CPU-bound loop among 4 on 2 cores took 0.57 s, 0.37 s of it queued for a CPU), nor
+    sleeping reads, which queue after waking, for busy ones. The reads see the global RNGs (`random`, numpy, torch)
+    seeded with 0; the caller's are left as they were. None when there is nothing to read, any read fails or none
+    began before the deadline: no decision, and a failure is left for the loader to report at its batch.
     """
     if length < 1:
         return None
     indices = [k * length // (reads + 1) for k in range(reads + 1)]
-    try:
-        with seeded(0):
-            dataset[indices[0]]
-            done, wall, cpu, queued, sample = 0, 0.0, 0.0, 0.0, None
-            for i in indices[1:] if length > 1 else indices:
-                queued0, cpu0, wall0 = queued_s(), time.process_time(), time.perf_counter()
-                sample = dataset[i]
-                wall += time.perf_counter() - wall0
-                cpu += time.process_time() - cpu0
-                queued += queued_s() - queued0
-                done += 1
-                if wall >= budget_s:
-                    break
-    except Exception:  # the loader reports a failing read at its batch, with the sample named
+    timed = time_reads(dataset, indices[0], indices[1:] if length > 1 else indices, budget_s=budget_s,
+                       deadline_s=deadline_s, measure=_bytes, fork=fork)
+    if timed is None:
         return None
-    return ReadProbe(done, wall, cpu, _bytes(sample), max(0.0, queued))
+    cut = timed.cut_off
+    if cut is None:
+        return ReadProbe(timed.reads, timed.wall_s, timed.cpu_s, timed.sample_bytes, timed.queued_s)
+    return ReadProbe(timed.reads, timed.wall_s + cut.wall_s, timed.cpu_s + cut.cpu_s, timed.sample_bytes,
+                     timed.queued_s + cut.queued_s, cut)
 
 
 def _bytes(sample: Any) -> int | None:

@@ -61,7 +61,8 @@ def resolve_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: i
     them) where `options` leaves rank/world_size None, `LOCAL_WORLD_SIZE` (processes sharing this machine's CPUs);
     the CPUs this process may use; with `device="auto"`, whether CUDA is available; with `workers="tuned"`,
     `trainfast tune`'s result in the cache (its workers and threads scaled to this process's share of the CPUs);
-    with `workers="auto"` and `backend` "auto" or "threads", a few of the dataset's reads, timed (`probe_reads`);
+    with `workers="auto"` and `backend` "auto" or "threads", a few of the dataset's reads, timed (`probe_reads`,
+    about a second at most whatever a read does);
     with workers, the free space of /dev/shm (prefetch_factor is lowered to fit, and a `LoaderError` is raised if
     even 1 cannot).
     Invalid input raises ValueError or TypeError, as `make_loader` (a malformed launch variable: ValueError too).
@@ -162,10 +163,15 @@ def _plan(dataset: Any, batch_size: int, options: LoaderOptions, tensors: tuple[
 
 def _for_reads(plan: LoaderPlan, dataset: Any, n: int, batch_size: int, options: LoaderOptions,
                cores: int) -> LoaderPlan:
-    """`plan` for this dataset's reads, a few of them timed here: reads that wait (network storage) get loader
-    threads sized to hide their latency within the loader's `cores` (`size_pool`); reads that use the CPU, or that
-    could not be timed, keep `plan` as it is, with the reason when `backend="auto"` chose processes."""
+    """`plan` for this dataset's reads, a few of them timed (`probe_reads`: ~1 s at most, a read still running then
+    counted up to it): reads that wait (network storage) get loader threads sized to hide their latency within the
+    loader's `cores` (`size_pool`); reads that use the CPU, or that could not be timed, keep `plan` as it is, with
+    the reason when `backend="auto"` chose processes."""
     probe = probe_reads(dataset, n)
+    if probe is not None and probe.cut_off is not None:  # a storage stall, worth knowing about
+        log.info("make_loader: a read (sample %d) was still running after %.1f s; its time until then counts, the "
+                 "plan goes on without it",
+                 probe.cut_off.index, probe.cut_off.wall_s)
     if probe is None or not probe.waiting:
         if options.backend != "auto" or plan.num_workers == 0:
             return plan
