@@ -26,7 +26,7 @@ from torch import nn
 from trainfast.diagnose.capture.timeline import Timeline
 from trainfast.diagnose.records.trials import Trial
 
-ROUNDS, STEPS, WARMUP = 3, 3, 1
+ROUNDS, STEPS, WARMUP = 4, 2, 1  # 24 steps: a 60-step script still finishes them after the 35 measured
 BASE, CANDIDATE = "comm-base", "comm-candidate"
 TRIAL_ID = "fsdp_reshard"
 SETTING = "parameters kept gathered from forward to backward (reshard_after_forward=False)"
