@@ -215,9 +215,10 @@ def make_loader(dataset: Dataset[Any] | Sequence[torch.Tensor], batch_size: int,
     IPC, for decoders that release the GIL, as Pillow's JPEG decode). Their augmentation is reproducible only when
     drawn from `trainfast.loader.seeding.batch_rngs()` (the global RNGs are shared with the training thread).
     `backend="processes"`: DataLoader worker processes, always. `backend="auto"` (the default): processes, unless
-    `workers="auto"` and a few reads timed here (~0.25 s at most) wait on I/O (network storage) more than they use
-    the CPU: then threads, as many as keep the loader's cores busy and growing while the training waits for
-    batches (`trainfast.loader.latency`). A dataset whose reads use the CPU gets the same plan either way.
+    `workers="auto"` and a few reads timed apart (~1 s at most, whatever a read does: one still running then is
+    timed up to it) wait on I/O (network storage) more than they use the CPU: then threads, as many as keep the
+    loader's cores busy and growing while the training waits for batches (`trainfast.loader.latency`). A dataset
+    whose reads use the CPU gets the same plan either way.
 
     With workers: `timeout_s` > 0 bounds the wait for each batch (a hung worker then raises `LoaderError`);
     when /dev/shm is small (< 256 MiB free) or too small for workers x prefetch_factor batches (estimated for
