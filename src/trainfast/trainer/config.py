@@ -12,6 +12,11 @@ from trainfast.device import device_kind
 from trainfast.precision.policy import PRECISIONS, ScalerConfig
 from trainfast.trainer.signals import parse_signals
 
+STRATEGIES = ("auto", "ddp", "fsdp")
+FP16_REFUSED = ("strategy='fsdp' does not train in precision '16-mixed': fp16's loss scaler must find an inf or NaN "
+                "in any rank's gradient shard, and torch's GradScaler checks only this rank's. Use "
+                "precision='bf16-mixed' (no loss scaler) or '32-true', or strategy='ddp'")
+
 
 def _opt(help: str, **extra: Any) -> dict[str, Any]:
     return {"help": help, **extra}
@@ -63,6 +68,11 @@ class TrainConfig:
         "train/data_wait_fraction and train/mfu at each log point, val/* at each epoch's end (rank 0; needs "
         "pip install 'trainfast[tensorboard]')"))
     scaler: ScalerConfig = field(default_factory=ScalerConfig, metadata=_opt("GradScaler knobs (16-mixed)"))
+    strategy: str = field(default="auto", metadata=_opt(
+        "under torchrun: 'ddp' (every rank holds the whole model), 'fsdp' (parameters, gradients and optimizer "
+        "state sharded over the ranks: FSDP2's fully_shard on the repeated blocks and the root; checkpoints then "
+        "written by every rank through torch.distributed.checkpoint) or 'auto' (DDP while they fit the device "
+        "with room, else FSDP; the log says why). No effect in a single process", choices=STRATEGIES))
 
     def __post_init__(self) -> None:
         _positive(self, "epochs", "accumulate", "log_every", "keep_checkpoints")
@@ -77,6 +87,10 @@ class TrainConfig:
         if self.grad_clip is not None and not (math.isfinite(self.grad_clip) and self.grad_clip > 0):
             raise ConfigError(f"grad_clip={self.grad_clip} is not valid; use a positive norm such as 1.0, "
                               "or None to disable")
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"strategy={self.strategy!r} is not valid; choose one of: {', '.join(STRATEGIES)}")
+        if self.strategy == "fsdp" and self.precision == "16-mixed":
+            raise ConfigError(FP16_REFUSED)
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision={self.precision!r} is not valid; choose one of: {', '.join(PRECISIONS)}")
         try:

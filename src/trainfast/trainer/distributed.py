@@ -158,3 +158,10 @@ def gather(obj: Any) -> list[Any]:
 def barrier() -> None:
     if dist_initialized():
         dist.barrier()
+
+
+def side_group() -> Any:
+    """A new process group of every rank on gloo (collective: every rank calls it, in the same order), for collectives
+    issued from another thread than training's, such as a background checkpoint write's: two threads issuing
+    collectives on one group would pair one rank's with another's in whichever order each thread came."""
+    return dist.new_group(backend="gloo")

@@ -21,6 +21,7 @@ from torch import nn
 
 from trainfast.device import resolve_device, synchronize
 from trainfast.dynamo import dynamo_counts
+from trainfast.launch import launch_env
 from trainfast.loader.seeding import seed_all
 from trainfast.monitor import Monitor
 from trainfast.precision.policy import PrecisionPolicy, ScaleWatch
@@ -30,7 +31,7 @@ from trainfast.trainer.callbacks import check_callbacks, emit
 from trainfast.trainer.checkpoint import clean_stale_temps, room_for_checkpoints
 from trainfast.trainer.clock import StepClock
 from trainfast.trainer.config import ConfigError, TrainConfig
-from trainfast.trainer.distributed import all_max, dist_info, dist_initialized, process_group
+from trainfast.trainer.distributed import all_max, any_rank, dist_info, dist_initialized, process_group, side_group
 from trainfast.trainer.feeding import (
     batches_per_epoch,
     check_sharding,
@@ -52,6 +53,8 @@ from trainfast.trainer.ranks import Ranks
 from trainfast.trainer.result import FitResult
 from trainfast.trainer.schedule import step_schedule, warmup_cosine
 from trainfast.trainer.settings import torch_settings
+from trainfast.trainer.sharded_checkpoint import clean_stale_folders
+from trainfast.trainer.sharding import choose_strategy
 from trainfast.trainer.signals import EXIT_CODE, StopSignal, parse_signals, workers_ignore
 from trainfast.trainer.state import TrainerState
 from trainfast.trainer.step import (
@@ -146,11 +149,10 @@ class Trainer:
         self.scheduler = warmup_cosine(self.optimizer, cfg.warmup_steps, total_steps)
         if cfg.seed is not None:
             seed_all(cfg.seed)  # a resumed run then restores the RNG states it saved
-        if resume:
-            self.state.restore(resume, trust_checkpoint)
         self.state.blocked_s, self.state.write_s = [], []  # this fit's saves
         with ExitStack() as stack:  # each part undoes itself however fit ends
-            bar, stop, monitor = self._set_up(stack, train_loader, val_loader, total_steps)
+            bar, stop, monitor = self._set_up(stack, train_loader, val_loader, total_steps,
+                                              lambda: self.state.restore(resume, trust_checkpoint) if resume else None)
             emit(self.callbacks, "on_fit_start", self)
             while self.epoch < cfg.epochs:
                 emit(self.callbacks, "on_epoch_start", self, self.epoch)
@@ -166,13 +168,15 @@ class Trainer:
         return result
 
     def _set_up(self, stack: ExitStack, train_loader: Iterable[Any], val_loader: Iterable[Any] | None,
-                total_steps: int) -> tuple[ProgressReporter, StopSignal, Monitor | None]:
+                total_steps: int, restore: Callable[[], None]) -> tuple[ProgressReporter, StopSignal, Monitor | None]:
         """Everything `fit` arranges before its first step, each part entered on `stack` so that it is undone however
-        fit ends: checks of the loaders and the checkpoint folder, the process group, the A/B plan, threads, the
-        MFU peak, signals, the loaders' shutdown, the monitor and the progress display."""
+        fit ends: checks of the loaders and the checkpoint folder, the process group, DDP or FSDP, the checkpoint to
+        resume from (`restore`: into the sharded model under FSDP), the A/B plan, threads, the MFU peak, signals,
+        the loaders' shutdown, the monitor and the progress display."""
         cfg = self.config
         if cfg.checkpoint_dir and self.dist.is_main:
             clean_stale_temps(Path(cfg.checkpoint_dir))  # left by a process killed while writing
+            clean_stale_folders(Path(cfg.checkpoint_dir))
         warn_before_training(train_loader, room_for_checkpoints(Path(cfg.checkpoint_dir), self.model, self.optimizer,
                                                                 cfg.keep_checkpoints)
                              if cfg.checkpoint_dir and self.dist.is_main else None)
@@ -180,9 +184,10 @@ class Trainer:
         stack.enter_context(self.state.writes_joined())  # inside the process group: its outcome is shared over it
         if distributed:
             check_sharding(train_loader)
+        model = self._distribute(distributed)
+        restore()
         fresh = self.epoch == self.step == self.batch == 0
-        model = self.ranks.start(self.model, self.device, distributed)
-        self.practices.plan(model, total_steps, fresh=fresh, distributed=distributed,
+        self.practices.plan(model, total_steps, fresh=fresh, distributed=distributed, sharded=self.ranks.sharded,
                             agree=lambda values: all_max(values, self.device), saved=self.state.saved_practices)
         threads = cpu_threads_beside(train_loader, cfg.cpu_threads, self.device)
         stack.enter_context(torch_settings(cpu_threads=threads, tf32=self.precision.tf32,
@@ -207,6 +212,27 @@ class Trainer:
             self.device, lambda: f"epoch {self.epoch + 1}, step {self.step} (batch size {batch_size})",
             cfg.checkpoint_dir, settle=self.state.wait_here))
         return bar, stop, monitor
+
+    def _distribute(self, distributed: bool) -> nn.Module:
+        """The model to train: DDP-wrapped or sharded in place (FSDP, checkpoints then sharded too) when distributed,
+        as `config.strategy` asks or "auto" chooses (`choose_strategy`, on figures every rank agrees on)."""
+        if not distributed:
+            if self.config.strategy == "fsdp" and self.dist.is_main:
+                log.info("strategy='fsdp' has no effect in a single process; start several with torchrun")
+            return self.ranks.start(self.model, self.device, None)
+        choice = choose_strategy(self.config.strategy, self.model, self.optimizer, self.device,
+                                 ranks_here=launch_env().local_world_size,
+                                 agree=lambda flag: any_rank(flag, self.device))
+        try:
+            model = self.ranks.start(self.model, self.device, choice.name, self.optimizer, self.precision)
+        except ValueError as e:
+            raise ConfigError(f"{e} ({choice.reason})") from None
+        if self.ranks.sharded:
+            self._params = [p for p in self.model.parameters() if p.requires_grad]
+            self.state.shard_checkpoints(side_group())
+        if self.dist.is_main:
+            log.info("strategy: %s (%s)%s", choice.name, choice.reason, self.ranks.described)
+        return model
 
     def _train_epoch(self, loader: Iterable[Any], n_batches: int, bar: ProgressReporter, stop: StopSignal) -> None:
         cfg, clock, practices, loss_of = self.config, self.clock, self.practices, self._loss_of
@@ -405,14 +431,15 @@ class Trainer:
         metrics = self.last_metrics
         use = self.mfu.at(summary.samples_per_s)
         ckpt = Path(self.config.checkpoint_dir) if self.config.checkpoint_dir else None
+        last, best = ("last.dcp", "best.dcp") if self.ranks.sharded else ("last.pt", "best.pt")
         peak = self.mfu.peak
         blocks = self.practices.to_json()  # FitResult has a typed field for each of the first three practices
         return FitResult(  # samples/s of the whole job: every rank trains as many samples per step
             epochs=self.epoch, steps=self.step, samples_per_s=summary.samples_per_s * self.dist.world_size,
             data_wait_fraction=summary.data_wait_fraction, final_loss=metrics.get("train_loss"),
             val_loss=metrics.get("val_loss"), val_accuracy=metrics.get("val_accuracy"),
-            checkpoint=str(ckpt / "last.pt") if ckpt and (ckpt / "last.pt").exists() else None,
-            best_checkpoint=str(ckpt / "best.pt") if ckpt and (ckpt / "best.pt").exists() else None,
+            checkpoint=str(ckpt / last) if ckpt and (ckpt / last).exists() else None,
+            best_checkpoint=str(ckpt / best) if ckpt and (ckpt / best).exists() else None,
             skipped_steps=self.scaler.skipped_steps if self.scaler.enabled else 0, wall_s=wall_s,
             loss_scale=self.scaler.loss_scale if self.scaler.enabled else None, precision=blocks.pop("precision", None),
             channels_last=blocks.pop("channels_last", None), compile=blocks.pop("compile", None),

@@ -86,6 +86,7 @@ class Plan:
     fresh: bool  # a run from its first step (a resumed one takes no A/B: its start chose)
     distributed: bool
     queued: int = 0  # A/Bs queued before this practice's
+    sharded: bool = False  # FSDP: its MixedPrecisionPolicy was fixed when the model was sharded
 
     @property
     def affordable(self) -> bool:

@@ -74,6 +74,9 @@ class Precision(Practice[PrecisionAB]):
     def plan(self, settings: Settings, plan: Plan) -> PrecisionAB | Choice:
         policy = settings.precision  # (fp16 on a GPU without bf16: fp32 is no contender for its tensor cores)
         measurable = self.requested == "auto" and policy.autocast_dtype is not None and not policy.needs_scaler
+        if measurable and plan.sharded:  # FSDP's parameters are cast once, as the policy it was sharded with says
+            return Choice(self.name, self.prior(settings), f"{policy.reason}; not measured under FSDP (its "
+                          "MixedPrecisionPolicy is set when the model is sharded)")
         if measurable and plan.affordable:
             return PrecisionAB((self.prior(settings), "32-true"))
         return Choice(self.name, self.prior(settings), f"{policy.reason}; {plan.unmeasured}" if measurable

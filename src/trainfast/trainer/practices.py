@@ -74,7 +74,7 @@ class Practices(Settings):
         return self.model, self.precision.autocast()
 
     def plan(self, eager: nn.Module, planned_steps: int, *, fresh: bool, distributed: bool, agree: Agree,
-             saved: dict[str, str] | None = None) -> None:
+             saved: dict[str, str] | None = None, sharded: bool = False) -> None:
         """Decide which A/Bs this run takes (on the fewest steps any rank plans). A resumed run takes none: it trains
         with what its start chose (`saved`, from the checkpoint), since another choice would change its results."""
         self.model = self.eager = eager
@@ -85,7 +85,7 @@ class Practices(Settings):
             if practice.requested == "auto" and practice.name in saved:
                 self._settle(practice, practice.choice(saved[practice.name], KEPT))
                 continue
-            planned = practice.plan(self, Plan(steps, fresh, distributed, queued=len(self._queue)))
+            planned = practice.plan(self, Plan(steps, fresh, distributed, queued=len(self._queue), sharded=sharded))
             if isinstance(planned, Choice):
                 self._settle(practice, planned)
             else:

@@ -7,11 +7,16 @@ outcome, and restoring it for `fit(resume=...)`. The files themselves (atomic wr
 it to host memory (`to_host`), then one thread writes it (rank 0) while the next epoch trains. At most one write is
 in flight: the next save, the end of fit, a stop signal's save or an exception leaving fit first waits for it, and
 its outcome is handled there as a synchronous write's would be (`CheckpointWriteError` on every rank).
+
+Under FSDP (`shard_checkpoints`) every rank writes its own shards into a folder (`sharded_checkpoint.py`), in the
+background the same way; the folder is renamed into place only once every rank's write is known to have finished,
+at that same join. Resume takes the newest good checkpoint of either kind, at any world size.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -29,8 +34,8 @@ from trainfast.trainer.checkpoint import (
     CheckpointWriteError,
     copy_best,
     load_checkpoint,
-    load_latest_good,
     rng_state,
+    rotated,
     save_checkpoint,
     set_rng_state,
     to_host,
@@ -40,6 +45,14 @@ from trainfast.trainer.config import ConfigError, TrainConfig
 from trainfast.trainer.distributed import DistInfo, gather
 from trainfast.trainer.loss_window import LossWindow
 from trainfast.trainer.practices import Practices
+from trainfast.trainer.sharded_checkpoint import (
+    ShardedWrite,
+    folder_of,
+    is_sharded,
+    load_into,
+    load_trainer_state,
+    rotated_folders,
+)
 
 log = logging.getLogger("trainfast")
 
@@ -103,17 +116,28 @@ class TrainerState:
     def __init__(self, trainer: Owner) -> None:
         self.trainer = trainer
         self.saved_practices: dict[str, str] | None = None  # what the run a restored checkpoint came from chose
-        self.pending: CheckpointWrite | None = None  # rank 0's write in flight
+        self.pending: CheckpointWrite | ShardedWrite | None = None  # rank 0's write in flight (every rank's: FSDP)
+        self.sharded_group: Any = None  # FSDP: the process group of the sharded writes (None: rank 0 writes .pt)
+        self._sharded_writes = 0  # sharded writes started: their temporary folders' numbers, alike on every rank
         self.writing = False  # a background save was started and its outcome not yet shared (every rank alike)
         self.blocked_s: list[float] = []  # per save: seconds the training thread spent in it
         self.write_s: list[float] = []  # per save: seconds its write took (rank 0)
 
+    def shard_checkpoints(self, group: Any) -> None:
+        """From now on checkpoints are sharded folders written by every rank over `group` (a process group with a
+        CPU backend: DCP's background writes run their collectives there, apart from training's)."""
+        self.sharded_group = group
+
     def capture(self, rng_per_rank: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        t = self.trainer
+        return {"model": t.model.state_dict(), "optimizer": t.optimizer.state_dict()} | self._own(rng_per_rank)
+
+    def _own(self, rng_per_rank: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """The Trainer's own state: everything a checkpoint holds but the model's and the optimizer's."""
         t = self.trainer
         assert t.scheduler is not None
         rngs = rng_per_rank or [rng_state(t.device)]
-        return {"model": t.model.state_dict(), "optimizer": t.optimizer.state_dict(),
-                "scheduler": t.scheduler.state_dict(), "scaler": t.scaler.state_dict(),
+        return {"scheduler": t.scheduler.state_dict(), "scaler": t.scaler.state_dict(),
                 "epoch": t.epoch, "step": t.step, "batch": t.batch, "best_metric": t.best_metric,
                 "epoch_loss": list(t.losses.epoch), "rng": rngs[0], "rng_per_rank": rngs,
                 "config": t.config.to_dict(), "practices": t.practices.saved(), "versions": versions(),
@@ -121,10 +145,11 @@ class TrainerState:
 
     def save(self, path: Path) -> Path:
         """Collective under DDP: every rank calls it, rank 0 writes, all learn the outcome (see `Trainer.save`).
-        Synchronous: a write in flight is waited for first, then this one is written before it returns."""
+        Synchronous: a write in flight is waited for first, then this one is written before it returns. Returns
+        the checkpoint written (under FSDP the folder `path` names: last.pt -> last.dcp)."""
         self._start(path, None, background=False)
         self.join()
-        return path
+        return folder_of(path) if self.sharded_group is not None else path
 
     def save_in_background(self, path: Path, best: Path | None) -> None:
         """`save`, but rank 0 writes on a thread while training goes on: training waits only for a write still in
@@ -137,7 +162,12 @@ class TrainerState:
         started = time.perf_counter()
         self.join()  # at most one write in flight; a failed one raises here, on every rank
         rngs = gather(rng_state(t.device))  # each rank's RNG (its dropout stream) is part of an exact resume
-        if t.dist.is_main:
+        if self.sharded_group is not None:  # every rank writes its shards
+            self._sharded_writes += 1
+            self.pending = ShardedWrite(t.model, t.optimizer, self._own(rngs) if t.dist.is_main else None, path,
+                                        t.config.keep_checkpoints, best, number=self._sharded_writes,
+                                        group=self.sharded_group, background=background)
+        elif t.dist.is_main:
             state = self.capture(rngs)
             self.pending = CheckpointWrite(to_host(state) if background else state, path, t.config.keep_checkpoints,
                                            best, background=background)
@@ -151,6 +181,9 @@ class TrainerState:
         if not self.writing:
             return
         self.writing = False
+        if self.sharded_group is not None:
+            self._join_sharded()
+            return
         failed = self._wait()
         # Rank 0's outcome reaches every rank here, once its write is done (the wait a barrier gave): a failure
         # stops all ranks together instead of leaving the others waiting for a file that never comes.
@@ -162,6 +195,39 @@ class TrainerState:
             if written:
                 raise CheckpointWriteError(message)
             raise RuntimeError(f"rank 0 could not write the checkpoint: {message}")
+
+    def _join_sharded(self) -> None:
+        """Every rank's part written? Then rank 0 renames the folder into place; every rank learns the outcome."""
+        pending, self.pending = self.pending, None
+        assert isinstance(pending, ShardedWrite)
+        pending.wait()
+        self.write_s.append(pending.write_s)
+        errors = gather(None if pending.error is None else f"{type(pending.error).__name__}: {pending.error}")
+        failed = next(((rank, e) for rank, e in enumerate(errors) if e is not None), None)
+        if failed is not None:
+            if self.trainer.dist.is_main:
+                pending.discard()
+            if pending.error is not None and isinstance(pending.error, CheckpointWriteError):
+                raise pending.error
+            rank, message = failed
+            raise CheckpointWriteError(f"rank {rank} could not write its part of the sharded checkpoint "
+                                       f"{str(pending.path)!r}: {message}; training stopped, the previous checkpoint "
+                                       "is intact") from pending.error
+        committed: BaseException | None = None
+        if self.trainer.dist.is_main:
+            try:
+                pending.commit()
+            except CheckpointWriteError as e:
+                committed = e
+        outcome = gather(None if committed is None else str(committed))[0]
+        if committed is not None:
+            raise committed
+        if outcome is not None:
+            raise CheckpointWriteError(outcome)
+        t = self.trainer
+        emit(t.callbacks, "on_checkpoint", t, pending.path)
+        if pending.best_written is not None:
+            emit(t.callbacks, "on_checkpoint", t, pending.best_written)
 
     def wait_here(self) -> None:
         """This rank's write in flight, if any, is finished (not collective: for a fault unwinding on this rank, which
@@ -175,6 +241,8 @@ class TrainerState:
         if pending is None:
             return None
         pending.wait()
+        if isinstance(pending, ShardedWrite):  # never committed without every rank's agreement: stays temporary
+            return pending.error
         self.write_s.append(pending.write_s)
         if pending.error is None:
             t = self.trainer
@@ -202,23 +270,22 @@ class TrainerState:
         self.join()
 
     def restore(self, resume: bool | str | Path, trusted: bool) -> None:
+        """Every rank loads the checkpoint (a sharded one reshards to this run's ranks, whatever its own were)."""
         t, cfg = self.trainer, self.trainer.config
         if resume is True:
             if not cfg.checkpoint_dir:
                 raise ConfigError("resume=True needs checkpoint_dir (where last.pt lives), or pass the checkpoint path")
             # Loaded on the CPU (checkpoint.py decides): load_state_dict copies into the parameters' device.
-            found = load_latest_good(Path(cfg.checkpoint_dir) / "last.pt", cfg.keep_checkpoints, trusted=trusted)
+            found = self._latest_good(Path(cfg.checkpoint_dir), trusted)
             if found is None:
                 log.info("resume: no checkpoint in %s yet; starting from scratch", cfg.checkpoint_dir)
                 return
             path, state = found
         else:
             path = Path(resume)  # type: ignore[arg-type]
-            state = load_checkpoint(path, trusted=trusted)
+            state = self._load(path, trusted)
         assert t.scheduler is not None
         try:
-            t.model.load_state_dict(state["model"])
-            t.optimizer.load_state_dict(state["optimizer"])
             t.scheduler.load_state_dict(state["scheduler"])
         except (RuntimeError, ValueError, KeyError) as e:
             raise CheckpointError(f"checkpoint {str(path)!r} does not fit this model/optimizer: {e}") from e
@@ -237,3 +304,42 @@ class TrainerState:
         per_rank = state.get("rng_per_rank") or [state["rng"]]
         set_rng_state(per_rank[t.dist.rank] if len(per_rank) == t.dist.world_size else state["rng"], t.device)
         log.info("resumed from %s: epoch %d, batch %d, step %d", path, t.epoch + 1, t.batch, t.step)
+
+    def _load(self, path: Path, trusted: bool) -> dict[str, Any]:
+        """The checkpoint at `path` (a `.pt` file or a sharded folder), its model and optimizer state loaded into the
+        Trainer's; the rest of the state returned. CheckpointError when it cannot be."""
+        t = self.trainer
+        if path.is_dir() or path.suffix == ".dcp":
+            state = load_trainer_state(path, trusted=trusted)
+            load_into(path, t.model, t.optimizer)
+            return state
+        state = load_checkpoint(path, trusted=trusted)
+        try:
+            t.model.load_state_dict(state["model"])
+            t.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            hint = ("; a checkpoint written by one process or under DDP is a single file, resume it with "
+                    "strategy='ddp'" if self.sharded_group is not None else "")
+            raise CheckpointError(f"checkpoint {str(path)!r} does not fit this model/optimizer: {e}{hint}") from e
+        return state
+
+    def _latest_good(self, folder: Path, trusted: bool) -> tuple[Path, dict[str, Any]] | None:
+        """The newest of the kept checkpoints, `.pt` files and sharded folders alike (by modification time), that
+        loads; says which were skipped and why. None if there are none."""
+        keep = self.trainer.config.keep_checkpoints
+        candidates = [p for p in [*rotated(folder / "last.pt", keep), *rotated_folders(folder / "last.pt", keep)]
+                      if p.is_file() or is_sharded(p)]
+        candidates.sort(key=lambda p: os.stat(p / "trainer.pt" if p.is_dir() else p).st_mtime_ns, reverse=True)
+        errors = []
+        for candidate in candidates:
+            try:
+                state = self._load(candidate, trusted)
+            except CheckpointError as e:
+                errors.append(str(e))
+                continue
+            for error in errors:
+                log.warning("%s; falling back to %s", error, candidate)
+            return candidate, state
+        if errors:
+            raise CheckpointError("no usable checkpoint: " + "; ".join(errors))
+        return None
