@@ -21,7 +21,10 @@ import logging
 import os
 import shutil
 import time
+import warnings
+from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,6 +33,7 @@ from torch import nn
 
 from trainfast.atomic import TEMP_PREFIX, as_write_failure
 from trainfast.trainer.checkpoint import CheckpointError, CheckpointWriteError, atomic_save, load_checkpoint
+from trainfast.trainer.distributed import dist_initialized
 
 log = logging.getLogger("trainfast")
 SUFFIX = ".dcp"
@@ -91,9 +95,11 @@ class ShardedWrite:
                 self.temp.mkdir(parents=True, exist_ok=True)
                 atomic_save(trainer_state | {"model": SHARDED}, self.temp / TRAINER_FILE)
             if background:  # returns once the state is staged in host memory (a blocking copy)
-                self._future = cast(Future[Any], async_save(state, checkpoint_id=self.temp, process_group=group))
+                self._future = cast(Future[Any], async_save(state, checkpoint_id=self.temp, process_group=group,
+                                                            no_dist=group is None))
             else:
-                save(state, checkpoint_id=self.temp, process_group=group)
+                with _alone_said():
+                    save(state, checkpoint_id=self.temp, process_group=group, no_dist=group is None)
                 self.write_s = time.perf_counter() - self._started
         except Exception as e:  # every rank reaches the agreement in `TrainerState.join` with it
             self.error = e
@@ -155,6 +161,14 @@ def copy_best_folder(last: Path, best: Path) -> Path | None:
         return None
 
 
+@contextmanager
+def _alone_said() -> Iterator[None]:
+    """DCP in one process warns that it assumes one process, even when told so (`no_dist=True`): that is meant."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
 def _link_or_copy(src: str, dst: str) -> None:
     try:
         os.link(src, dst)
@@ -184,7 +198,8 @@ def load_into(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) ->
     from torch.distributed.checkpoint.state_dict_loader import load
     state = dcp_state(model, optimizer)
     try:
-        load(state, checkpoint_id=path)
+        with _alone_said():
+            load(state, checkpoint_id=path, no_dist=not dist_initialized())
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     except Exception as e:
         raise CheckpointError(f"sharded checkpoint {str(path)!r} cannot be loaded into this model/optimizer: "
