@@ -15,6 +15,7 @@ it makes any, shift the training's stream, as its open handles stay open.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import json
 import math
@@ -40,7 +41,11 @@ CUDA_IN_FORK = "Cannot re-initialize CUDA in forked subprocess"
 # the kernel, as on a hard NFS mount, dies when the kernel lets it).
 REAP_S = 0.2
 
-Event = tuple[Any, ...]
+# What the reads report as they go: ("start", sample, perf_counter, process_time, queued_s) before each read, then
+# ("warm",) or ("done", wall_s, cpu_s, queued_s, sample_bytes), and last ("end",), ("failed",) or ("cuda",).
+Message = tuple[Any, ...]
+# prctl's option that signals a child when its parent dies (linux/prctl.h)
+PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,7 @@ def time_reads(dataset: Any, warmup: int | None, timed: Sequence[int], *, budget
 
 
 def _read(dataset: Any, warmup: int | None, timed: Sequence[int], budget_s: float,
-          measure: Callable[[Any], int | None], emit: Callable[[Event], None]) -> None:
+          measure: Callable[[Any], int | None], emit: Callable[[Message], None]) -> None:
     """The reads, each announced before it starts (its sample and clocks, so the one cut off can be timed from
     outside) and reported when it ends."""
     wall = 0.0
@@ -114,7 +119,7 @@ def _read(dataset: Any, warmup: int | None, timed: Sequence[int], budget_s: floa
     emit(("end",))
 
 
-def _summary(events: list[Event], cut: CutOff | None) -> TimedReads | None:
+def _summary(events: list[Message], cut: CutOff | None) -> TimedReads | None:
     if any(e[0] in ("failed", "cuda") for e in events) or (cut is None and not any(e[0] == "end" for e in events)):
         return None
     done = [e for e in events if e[0] == "done"]
@@ -122,7 +127,7 @@ def _summary(events: list[Event], cut: CutOff | None) -> TimedReads | None:
                       done[-1][4] if done else None, cut)
 
 
-def _running(events: list[Event]) -> Event | None:
+def _running(events: list[Message]) -> Message | None:
     """The "start" of the read still running after `events`, if one is."""
     return events[-1] if events and events[-1][0] == "start" else None
 
@@ -137,9 +142,10 @@ def _run_delay_s(path: str) -> float | None:
 
 
 def _in_child(dataset: Any, warmup: int | None, timed: Sequence[int], budget_s: float, deadline: float,
-              measure: Callable[[Any], int | None]) -> tuple[list[Event], CutOff | None]:
+              measure: Callable[[Any], int | None]) -> tuple[list[Message], CutOff | None]:
     """The reads in a forked child that writes one JSON line per event to a pipe; killed at `deadline`, reaped."""
     r, w = os.pipe()
+    parent = os.getpid()
     with warnings.catch_warnings():  # Python >= 3.12 warns on forking a process with threads: a lock another
         # thread held stays held in the child, which costs at most this deadline (the child is then killed)
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -147,11 +153,12 @@ def _in_child(dataset: Any, warmup: int | None, timed: Sequence[int], budget_s: 
     if pid == 0:  # the child: only the reads, then os._exit (no atexit handler, no flush of the parent's buffers)
         try:
             os.close(r)
+            _die_with(parent)
             gc.disable()  # a collection would touch every object, copying the parent's pages (copy-on-write)
             # as in DataLoader's workers: an OpenMP pool the parent started does not survive the fork
             torch.set_num_threads(1)
 
-            def emit(event: Event) -> None:
+            def emit(event: Message) -> None:
                 os.write(w, (json.dumps(event) + "\n").encode())
 
             try:
@@ -162,8 +169,8 @@ def _in_child(dataset: Any, warmup: int | None, timed: Sequence[int], budget_s: 
         finally:
             os._exit(0)
     os.close(w)
-    events: list[Event] = []
-    running: Event | None = None
+    events: list[Message] = []
+    running: Message | None = None
     try:
         events = _events_until(r, deadline)
         running = _running(events)
@@ -182,9 +189,17 @@ def _in_child(dataset: Any, warmup: int | None, timed: Sequence[int], budget_s: 
     return events, CutOff(index, now - wall0, max(0.0, cpu or 0.0), queued, cpu is not None)
 
 
-def _events_until(fd: int, deadline: float) -> list[Event]:
+def _die_with(parent: int) -> None:
+    """This child killed when `parent` dies (the training killed during the probe), not left blocked in a read."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(0)
+
+
+def _events_until(fd: int, deadline: float) -> list[Message]:
     """The child's events as they come, until its last ("end", "failed", "cuda"), its exit or `deadline`."""
-    events: list[Event] = []
+    events: list[Message] = []
     buffer = b""
     poll = select.poll()  # not select(): a training process may hold descriptors past its 1024 limit
     poll.register(fd, select.POLLIN)
@@ -229,14 +244,14 @@ class _Abandoned(Exception):
 
 
 def _in_thread(dataset: Any, warmup: int | None, timed: Sequence[int], budget_s: float, deadline: float,
-               measure: Callable[[Any], int | None]) -> tuple[list[Event], CutOff | None]:
+               measure: Callable[[Any], int | None]) -> tuple[list[Message], CutOff | None]:
     """The reads in a daemon thread, the global RNGs seeded meanwhile and put back at `deadline`; a read still
     running then is left to finish on its own, its result and any exception dropped."""
-    events: list[Event] = []
+    events: list[Message] = []
     lock, finished = threading.Lock(), threading.Event()
     abandoned = False
 
-    def emit(event: Event) -> None:
+    def emit(event: Message) -> None:
         with lock:
             if abandoned:
                 raise _Abandoned

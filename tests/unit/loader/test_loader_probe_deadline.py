@@ -27,7 +27,9 @@ from trainfast.loader.timed_reads import CUDA_IN_FORK, can_fork
 # probe_reads(n=2000) reads sample 0 untimed, then 222, 444, ...: a dataset slow at 444 is cut off at its 2nd timed
 # read, one read finished before it
 N, SLOW = 2000, 444
-DEADLINE_S = 0.3  # the probes called directly here: short, to keep the tests fast
+# The probes called directly here: short, to keep the tests fast, but long enough for the reads to reach sample
+# 444 with two busy loops beside the suite (the fork, the child's start and 2 reads).
+DEADLINE_S = 0.5
 needs_fork = pytest.mark.skipif(not can_fork(), reason="the reads run in a forked child on Linux only")
 modes = pytest.mark.parametrize("fork", [pytest.param(True, marks=needs_fork), False], ids=["fork", "thread"])
 
@@ -172,22 +174,22 @@ def test_a_read_that_ends_late_in_the_child_changes_nothing_here() -> None:
     at the deadline, it never does."""
     want = expected_draws()
     seed()
-    dataset = LateFailure(0.3)
-    probe = probe_reads(dataset, N, deadline_s=0.1, fork=True)
-    time.sleep(0.3)  # by now the read would have drawn and raised
+    dataset = LateFailure(0.3, slow=0)  # the first read, reached as soon as the child starts
+    probe = probe_reads(dataset, N, deadline_s=0.2, fork=True)
+    time.sleep(0.2)  # by now the read would have drawn and raised
     assert draws() == want
-    assert probe is not None and probe.cut_off is not None and probe.cut_off.index == SLOW
+    assert probe is not None and probe.cut_off is not None and probe.cut_off.index == 0
 
 
 def test_a_read_that_ends_late_in_a_thread_raises_nothing() -> None:
     """Where there is no fork: the late read's exception is dropped in its thread (pytest fails a test whose thread
     raised), and the probe the caller has stays as it was."""
-    dataset = LateFailure(0.2)
+    dataset = LateFailure(0.2, slow=0)
     probe = probe_reads(dataset, N, deadline_s=0.1, fork=False)
     assert probe is not None and probe.cut_off is not None
     assert dataset.ended.wait(5)
     time.sleep(0.01)  # the thread raises and ends
-    assert probe.reads == 1 and probe.cut_off.index == SLOW
+    assert probe.reads == 0 and probe.cut_off.index == 0 and probe.sample_bytes is None
 
 
 @needs_fork
