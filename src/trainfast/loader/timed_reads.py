@@ -90,7 +90,7 @@ def time_reads(dataset: Any, warmup: int | None, timed: Sequence[int], *, budget
     read failed or none began before the deadline: no decision.
     """
     start = time.perf_counter()
-    if fork if fork is not None else can_fork():
+    if can_fork() if fork is None else fork:
         events, cut = _in_child(dataset, warmup, timed, budget_s, start + deadline_s, measure)
         if events and events[-1][0] == "cuda":  # the read needs CUDA, which a forked child cannot use
             events, cut = _in_thread(dataset, warmup, timed, budget_s, start + deadline_s, measure)
@@ -123,6 +123,8 @@ def _summary(events: list[Message], cut: CutOff | None) -> TimedReads | None:
     if any(e[0] in ("failed", "cuda") for e in events) or (cut is None and not any(e[0] == "end" for e in events)):
         return None
     done = [e for e in events if e[0] == "done"]
+    if not done and cut is None:  # nothing was timed
+        return None
     return TimedReads(len(done), sum(e[1] for e in done), sum(e[2] for e in done), max(0.0, sum(e[3] for e in done)),
                       done[-1][4] if done else None, cut)
 

@@ -149,10 +149,11 @@ def test_make_loader_returns_within_2_s_of_a_20_s_read_and_names_it() -> None:
 def test_a_read_that_never_returns_is_cut_off_at_the_deadline(fork: bool, release: threading.Event) -> None:
     start = time.perf_counter()
     probe = probe_reads(Hangs(release), N, deadline_s=DEADLINE_S, fork=fork)
-    assert time.perf_counter() - start < DEADLINE_S + 0.5
+    took = time.perf_counter() - start
+    assert took < DEADLINE_S + 0.5
     assert probe is not None and probe.reads == 1 and probe.waiting  # sample 222 read, 444 cut off
     cut = probe.cut_off
-    assert cut is not None and cut.index == SLOW and cut.cpu_known and 0 < cut.wall_s <= DEADLINE_S
+    assert cut is not None and cut.index == SLOW and cut.cpu_known and 0 < cut.wall_s < took
     assert probe.sample_bytes == 4 * 4  # from the read that finished
     text = probe.describe()
     assert text.startswith("1 read(s) of ") and f"1 read (sample {SLOW}) still running" in text, text
