@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from trainfast.diagnose.capture.comm_trial import BASE, CANDIDATE, TRIAL_ID, CommTrial, resharding
+from trainfast.diagnose.capture.comm_trial import BASE, CANDIDATE, TRIAL_ID, WARM, CommTrial, resharding
 from trainfast.diagnose.capture.instrument import Instrumentation
 from trainfast.diagnose.capture.probe import BUDGET_SHARE, MAX_PROBE_S, candidates, run_trials, unwrap
 from trainfast.diagnose.capture.resolve import device_of
@@ -40,7 +40,7 @@ def gain_probe(timeline: Timeline, instrumentation: Instrumentation,
 
     def on_phase_end(phase: str) -> None:
         observed = instrumentation.observed
-        if phase in (BASE, CANDIDATE) and comm:
+        if phase in (WARM, BASE, CANDIDATE) and comm:
             if comm[0].on_phase_end(phase):
                 assert observed.trials is not None
                 observed.trials.trials[TRIAL_ID] = comm.pop().trial()
@@ -64,7 +64,7 @@ def gain_probe(timeline: Timeline, instrumentation: Instrumentation,
         _time_candidates()
         modules = resharding(unwrap(module) for module, _ in instrumentation.last_calls.values())
         if modules and torch.distributed.is_available() and torch.distributed.is_initialized():
-            comm.append(CommTrial(timeline, modules))
+            comm.append(CommTrial(timeline, modules, _device()))
             assert observed.trials is not None
             observed.trials.trials[TRIAL_ID] = comm[0].unfinished()
             return
@@ -81,6 +81,11 @@ def gain_probe(timeline: Timeline, instrumentation: Instrumentation,
         timeline.add_phase(FLOPS_PHASE, warmup=0, steps=1)
         instrumentation.observed.flop_counter = FlopCounter().start()
 
+    def _device() -> torch.device:
+        observed = instrumentation.observed
+        index = observed.device_index
+        return torch.device(device_of(observed)) if index is None else torch.device(device_of(observed), index)
+
     def _time_candidates() -> None:
         calls = list(instrumentation.last_calls.values())
         if not calls:
@@ -92,8 +97,7 @@ def gain_probe(timeline: Timeline, instrumentation: Instrumentation,
         models = len({id(unwrap(module)) for module, _ in calls})
         # forward + backward passes per step, of each model: gradient accumulation replays the model more than once
         replays = max(1.0, timeline.backwards / timeline.optimizer_steps / models) if timeline.optimizer_steps else 1.0
-        index = observed.device_index
-        device = torch.device(device_of(observed)) if index is None else torch.device(device_of(observed), index)
+        device = _device()
         tried, skipped = candidates(wanted(), device=device, autocast=tuple(sorted(observed.autocast)),
                                     threads=torch.get_num_threads())  # (the script's thread count, now)
         instrumentation.paused = True
