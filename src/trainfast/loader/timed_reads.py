@@ -90,13 +90,12 @@ def time_reads(dataset: Any, warmup: int | None, timed: Sequence[int], *, budget
     read failed or none began before the deadline: no decision.
     """
     start = time.perf_counter()
-    if can_fork() if fork is None else fork:
-        events, cut = _in_child(dataset, warmup, timed, budget_s, start + deadline_s, measure)
-        if events and events[-1][0] == "cuda":  # the read needs CUDA, which a forked child cannot use
-            events, cut = _in_thread(dataset, warmup, timed, budget_s, start + deadline_s, measure)
-    else:
-        events, cut = _in_thread(dataset, warmup, timed, budget_s, start + deadline_s, measure)
-    return _summary(events, cut)
+    run = _in_child(dataset, warmup, timed, budget_s, start + deadline_s, measure) \
+        if (can_fork() if fork is None else fork) else None
+    # in a thread where there is no fork, where it failed, or where the read needs CUDA, which a forked child cannot use
+    if run is None or (run[0] and run[0][-1][0] == "cuda"):
+        run = _in_thread(dataset, warmup, timed, budget_s, start + deadline_s, measure)
+    return _summary(*run)
 
 
 def _read(dataset: Any, warmup: int | None, timed: Sequence[int], budget_s: float,
@@ -144,14 +143,20 @@ def _run_delay_s(path: str) -> float | None:
 
 
 def _in_child(dataset: Any, warmup: int | None, timed: Sequence[int], budget_s: float, deadline: float,
-              measure: Callable[[Any], int | None]) -> tuple[list[Message], CutOff | None]:
-    """The reads in a forked child that writes one JSON line per event to a pipe; killed at `deadline`, reaped."""
+              measure: Callable[[Any], int | None]) -> tuple[list[Message], CutOff | None] | None:
+    """The reads in a forked child that writes one JSON line per event to a pipe; killed at `deadline`, reaped.
+    None when the fork fails (no memory for it under strict overcommit, no process left under a limit)."""
     r, w = os.pipe()
     parent = os.getpid()
-    with warnings.catch_warnings():  # Python >= 3.12 warns on forking a process with threads: a lock another
-        # thread held stays held in the child, which costs at most this deadline (the child is then killed)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
+    try:
+        with warnings.catch_warnings():  # Python >= 3.12 warns on forking a process with threads: a lock another
+            # thread held stays held in the child, which costs at most this deadline (the child is then killed)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return None
     if pid == 0:  # the child: only the reads, then os._exit (no atexit handler, no flush of the parent's buffers)
         try:
             os.close(r)

@@ -215,3 +215,16 @@ def test_the_child_runs_no_exit_handler_and_flushes_none_of_the_parents_buffers(
 def test_a_read_that_needs_cuda_is_timed_in_a_thread() -> None:
     probe = probe_reads(NeedsCuda(), N, fork=True)
     assert probe is not None and probe.reads >= 1 and probe.cut_off is None
+
+
+@needs_fork
+def test_reads_are_timed_in_a_thread_where_the_fork_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork refused for memory (strict overcommit) or a process limit; no twin: a machine-wide limit would stop
+    the other tests' processes too."""
+
+    def refused() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", refused)
+    probe = probe_reads(Reads(), N, fork=True)
+    assert probe is not None and probe.reads >= 1 and probe.cut_off is None
