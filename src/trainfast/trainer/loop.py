@@ -419,6 +419,9 @@ class Trainer:
                             self.epoch + 1, self.batch, self.step, path)
         elif self.dist.is_main:
             log.warning("stopped at step %d; no checkpoint_dir, nothing saved", self.step)
+        if not self.dist.is_main:  # on several machines rank 0's line is in another machine's log, not beside this exit
+            log.warning("rank %d: stopped at step %d with every rank (a rank of the job received a stop signal)%s",
+                        self.dist.rank, self.step, "; rank 0 saved last.pt" if self.config.checkpoint_dir else "")
         raise SystemExit(EXIT_CODE)
 
     def _result(self) -> FitResult:
