@@ -44,8 +44,10 @@ REAP_S = 0.2
 # What the reads report as they go: ("start", sample, perf_counter, process_time, queued_s) before each read, then
 # ("warm",) or ("done", wall_s, cpu_s, queued_s, sample_bytes), and last ("end",), ("failed",) or ("cuda",).
 Message = tuple[Any, ...]
-# prctl's option that signals a child when its parent dies (linux/prctl.h)
-PR_SET_PDEATHSIG = 1
+# prctl's options (linux/prctl.h): signal a child when its parent dies; set a thread's name (15 bytes at most)
+PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
+# The child's name (`ps -o comm`, psutil's name()): a process monitor can tell it from a loader worker
+CHILD_NAME = b"trainfast-probe"
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ def _in_child(dataset: Any, warmup: int | None, timed: Sequence[int], budget_s: 
     if pid == 0:  # the child: only the reads, then os._exit (no atexit handler, no flush of the parent's buffers)
         try:
             os.close(r)
-            _die_with(parent)
+            _as_probe_child(parent)
             gc.disable()  # a collection would touch every object, copying the parent's pages (copy-on-write)
             # as in DataLoader's workers: an OpenMP pool the parent started does not survive the fork
             torch.set_num_threads(1)
@@ -196,10 +198,13 @@ def _in_child(dataset: Any, warmup: int | None, timed: Sequence[int], budget_s: 
     return events, CutOff(index, now - wall0, max(0.0, cpu or 0.0), queued, cpu is not None)
 
 
-def _die_with(parent: int) -> None:
-    """This child killed when `parent` dies (the training killed during the probe), not left blocked in a read."""
+def _as_probe_child(parent: int) -> None:
+    """This child named `CHILD_NAME` and killed when `parent` dies (the training killed during the probe), not
+    left blocked in a read."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_NAME, ctypes.c_char_p(CHILD_NAME))
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # it died before prctl took effect
         os._exit(0)
 

@@ -101,6 +101,18 @@ class NeedsCuda(Reads):
         return super().__getitem__(i)
 
 
+class Named(Reads):
+    """Writes the name of the process its reads run in to `path`."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        self.path.write_text(psutil.Process().name())
+        return super().__getitem__(i)
+
+
 @pytest.fixture
 def release() -> Iterator[threading.Event]:
     """An event set at the test's end, which lets a read blocked on it (in a thread) return."""
@@ -195,7 +207,8 @@ def test_a_read_that_ends_late_in_a_thread_raises_nothing() -> None:
 
 @needs_fork
 def test_the_child_runs_no_exit_handler_and_flushes_none_of_the_parents_buffers(tmp_path: Path) -> None:
-    marker, written = tmp_path / "atexit", tmp_path / "buffered"
+    """It is also named, so that a process monitor tells it from a loader worker."""
+    marker, written, name = tmp_path / "atexit", tmp_path / "buffered", tmp_path / "name"
 
     def at_exit() -> None:
         marker.write_text("ran")
@@ -204,11 +217,12 @@ def test_the_child_runs_no_exit_handler_and_flushes_none_of_the_parents_buffers(
     try:
         with open(written, "w", buffering=1 << 16) as f:
             f.write("once\n")  # still in this process's buffer when it forks
-            probe = probe_reads(Reads(), N, fork=True)
+            probe = probe_reads(Named(name), N, fork=True)
     finally:
         atexit.unregister(at_exit)
     assert probe is not None and probe.cut_off is None and probe.reads >= 1
     assert written.read_text() == "once\n" and not marker.exists()
+    assert name.read_text() == "trainfast-probe"
 
 
 @needs_fork
