@@ -107,13 +107,15 @@ def test_a_sharded_checkpoint_from_sigterm_resumes_at_two_ranks_and_at_one(fsdp_
 
 def test_a_crash_while_a_checkpoint_is_written_leaves_the_previous_one(tmp_path: Path, torchrun: Torchrun) -> None:
     """Both ranks die right after the second epoch's checkpoint was started (its shards being written in the
-    background, never agreed complete): last.dcp is still the first epoch's, whole, and a resume continues from it."""
+    background, never agreed complete): last.dcp is still the first epoch's, whole: it loads, here into one process
+    (the next start removes the unfinished folder: `test_sharding.py`)."""
     ckpt = tmp_path / "ckpt"
     crashed = torchrun(str(SCRIPT), "--out", str(tmp_path / "crashed.json"), "--ckpt", str(ckpt), "--epochs", "3",
                        "--crash-in-write", "2", timeout=LIMIT_S)
     assert crashed.returncode != 0
-    unfinished = list(ckpt.glob(f"{TEMP_DIR_PREFIX}*"))
-    assert [p.name for p in unfinished] == [f"{TEMP_DIR_PREFIX}last.dcp-2"], crashed.stderr[-3000:]
+    # the second write's folder, if DCP's writer thread had made it before the exit, and nothing else
+    unfinished = [p.name for p in ckpt.glob(f"{TEMP_DIR_PREFIX}*")]
+    assert unfinished in ([], [f"{TEMP_DIR_PREFIX}last.dcp-2"]), crashed.stderr[-3000:]
     assert load_trainer_state(ckpt / "last.dcp")["step"] == 25
     assert not (ckpt / "last.1.dcp").exists()  # the rotation waits for the agreement too
 
@@ -122,12 +124,6 @@ def test_a_crash_while_a_checkpoint_is_written_leaves_the_previous_one(tmp_path:
     load_into(ckpt / "last.dcp", model, optimizer)  # every shard there (saved at 2 ranks, loaded by 1)
     assert optimizer.state_dict()["state"][0]["step"] == 25
 
-    out = tmp_path / "resumed.json"
-    resumed = alone("--out", str(out), "--ckpt", str(ckpt), "--resume", "--batch-size", "16", "--epochs", "3")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resumed from {ckpt / 'last.dcp'}: epoch 2, batch 0, step 25" in resumed.stderr
-    assert sorted(losses(out)) == list(range(26, 76))
-    assert not list(ckpt.glob(f"{TEMP_DIR_PREFIX}*"))  # removed at the start
 
 
 class Block(nn.Module):

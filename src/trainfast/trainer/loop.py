@@ -229,6 +229,7 @@ class Trainer:
             raise ConfigError(f"{e} ({choice.reason})") from None
         if self.ranks.sharded:
             self._params = [p for p in self.model.parameters() if p.requires_grad]
+            self.practices.channels_last = False  # sharded contiguous: batches stay as they come
             self.state.shard_checkpoints(side_group())
         if self.dist.is_main:
             log.info("strategy: %s (%s)%s", choice.name, choice.reason, self.ranks.described)

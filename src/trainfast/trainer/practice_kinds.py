@@ -162,6 +162,8 @@ class ChannelsLast(Practice[AB]):
     def plan(self, settings: Settings, plan: Plan) -> AB | Choice:
         prior = self.prior(settings)
         has_conv = any(isinstance(m, nn.Conv2d) for m in settings.module.modules())
+        if plan.sharded:  # fully_shard takes contiguous parameters only (torch 2.13); the model was made so
+            return Choice(self.name, "contiguous", "FSDP shards contiguous parameters only")
         if self.requested == "auto" and has_conv and plan.affordable and not plan.distributed:
             return AB((prior, "contiguous" if prior == "channels_last" else "channels_last"))
         # (DDP's gradient buckets are views in the parameters' layout: no switching under it)
@@ -174,6 +176,8 @@ class ChannelsLast(Practice[AB]):
         silently in the wrong order, CUDA's raises)."""
         fmt = _format(setting)
         settings.channels_last = setting == "channels_last"
+        if all(p.is_contiguous(memory_format=fmt) for p in settings.module.parameters() if p.dim() == 4):
+            return  # nothing to move (a sharded model's parameters cannot be moved)
         settings.module.to(memory_format=fmt)  # type: ignore[call-overload]
         for param, state in settings.optimizer.state.items():
             for key, value in state.items():

@@ -20,6 +20,7 @@ import itertools
 import logging
 import os
 import shutil
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -88,31 +89,38 @@ class ShardedWrite:
         self.best_written: Path | None = None
         self.write_s = 0.0
         self._started = time.perf_counter()
-        self._future: Future[Any] | None = None
+        self._trainer_state = trainer_state
+        self._done = threading.Event()  # this rank's part written (or failed)
         try:
             state = dcp_state(model, optimizer)
-            if trainer_state is not None:  # rank 0; a few KiB
-                self.temp.mkdir(parents=True, exist_ok=True)
-                atomic_save(trainer_state | {"model": SHARDED}, self.temp / TRAINER_FILE)
             if background:  # returns once the state is staged in host memory (a blocking copy)
-                self._future = cast(Future[Any], async_save(state, checkpoint_id=self.temp, process_group=group,
-                                                            no_dist=group is None))
+                future = cast(Future[Any], async_save(state, checkpoint_id=self.temp, process_group=group,
+                                                      no_dist=group is None))
+                future.add_done_callback(self._written)
             else:
                 with _alone_said():
                     save(state, checkpoint_id=self.temp, process_group=group, no_dist=group is None)
-                self.write_s = time.perf_counter() - self._started
+                self._finish(None)
         except Exception as e:  # every rank reaches the agreement in `TrainerState.join` with it
-            self.error = e
+            self._finish(e)
+
+    def _written(self, future: Future[Any]) -> None:
+        """On DCP's writer thread, its write done: then rank 0's `trainer.pt` (a few KiB; its fsync is kept off the
+        training thread)."""
+        self._finish(future.exception())
+
+    def _finish(self, error: BaseException | None) -> None:
+        try:
+            if error is None and self._trainer_state is not None:
+                atomic_save(self._trainer_state | {"model": SHARDED}, self.temp / TRAINER_FILE)
+        except BaseException as e:  # handed to every rank at the join
+            error = e
+        self.error = error
+        self.write_s = time.perf_counter() - self._started
+        self._done.set()
 
     def wait(self) -> None:
-        if self._future is None:
-            return
-        future, self._future = self._future, None
-        try:
-            future.result()
-        except BaseException as e:
-            self.error = e
-        self.write_s = time.perf_counter() - self._started
+        self._done.wait()
 
     def commit(self) -> None:
         """Rank 0, once every rank's part is written: rotate the kept checkpoints, rename the folder into place,

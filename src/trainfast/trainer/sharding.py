@@ -120,17 +120,27 @@ def mixed_precision(policy: PrecisionPolicy) -> MixedPrecisionPolicy:
 def shard(model: nn.Module, optimizer: torch.optim.Optimizer, policy: PrecisionPolicy) -> str:
     """`fully_shard` the blocks (`shard_blocks`) and the root, in place, over every rank of the default process group;
     the optimizer's parameter groups then hold the sharded parameters. Returns what was sharded, for the log.
+    Parameters in channels_last are made contiguous first: fully_shard refuses them (torch 2.13).
 
     Raises ValueError for an optimizer that has already stepped (its state is the unsharded parameters')."""
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     if optimizer.state:
         raise ValueError("strategy='fsdp' shards the parameters before the first step, but the optimizer given has "
                          "stepped already; pass an optimizer that has not stepped (or use strategy='ddp')")
     names = {id(p): name for name, p in model.named_parameters()}
     groups = [[names[id(p)] for p in group["params"]] for group in optimizer.param_groups]
     mp = mixed_precision(policy)
+    model.to(memory_format=torch.contiguous_format)  # type: ignore[call-overload]  # it shards no channels_last kernel
     blocks = shard_blocks(model)
     described = describe(blocks, model)  # before fully_shard renames the classes (FSDPBlock)
+    if mp.param_dtype is not None:
+        # BatchNorm keeps fp32 weights beside its fp32 running statistics (the CPU kernel refuses bf16 weights with
+        # fp32 statistics): its own fully_shard in fp32, inputs cast up, outputs back to autocast's dtype
+        norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and _params(m)]
+        for norm in norms:
+            fully_shard(norm, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))
+        if norms:
+            described += f" ({len(norms)} BatchNorm layer(s) on their own, in fp32)"
     for block in blocks:
         fully_shard(block, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
