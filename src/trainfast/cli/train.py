@@ -38,6 +38,7 @@ EXAMPLES = """examples:
   trainfast train --epochs 3 --compile auto --json run.json # torch.compile kept only if it pays here
   trainfast train --epochs 3 --tensorboard runs/tb         # then: tensorboard --logdir runs/tb
   torchrun --standalone --nproc-per-node=2 -m trainfast train --epochs 2 --checkpoint-dir runs/ddp --resume
+  torchrun --standalone --nproc-per-node=2 -m trainfast train --strategy fsdp --checkpoint-dir runs/fsdp --resume
 
 --data DIR must hold DIR/train/<class>/<image> (and optionally DIR/val/<class>/<image>), or be a folder written
 by 'trainfast pack' (DIR/train/index.json and optionally DIR/val/index.json: fewer, larger files to read).
@@ -49,6 +50,8 @@ precision, channels_last and --compile auto are confirmed by A/Bs on the first s
 precision / channels_last / compile blocks say what was chosen, with the measured step times.
 Each epoch's checkpoint is written in the background while the next epoch trains (training waits only to copy the
 state to host memory); the summary and the JSON's checkpoint_blocked_s / checkpoint_write_s say how long.
+Under torchrun --strategy auto keeps DDP while the model, its gradients and AdamW's state fit the device with room,
+else shards them (FSDP; checkpoints are then folders, last.dcp, written by every rank); the log says which and why.
 The last line accounts for the run's wall time (training's own, from its set-up to its end) in the phases of
 'trainfast doctor --whole-run': goodput is the training steps' share; the JSON's whole_run has wall_s, goodput and
 phases (phase, seconds, share: startup, compile, train, evaluation, checkpoint, epoch_start, other).
@@ -76,7 +79,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--workers", type=workers_arg, default="auto",
                    help="loader workers: 'auto', N, or 'tuned' (`trainfast tune`'s result for the training data, "
                         "'auto' without one) (default: auto)")
-    p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir/last.pt if it exists")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest good checkpoint in --checkpoint-dir (last.pt, or last.dcp written "
+                        "under --strategy fsdp, at any world size) if there is one")
     add_on_bad_sample_flag(p)
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the result as JSON")
     add_config_flags(p, TrainConfig, defaults={"cpu_threads": "auto", "seed": 0})

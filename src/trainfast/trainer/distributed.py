@@ -136,14 +136,15 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     return bool(t.item() > 0)
 
 
-def agree_on_stop(requested: bool, steps: int, device: torch.device) -> tuple[bool, int]:
-    """(any rank requested a stop, the smallest `steps` any rank proposed): one all-reduce of two numbers."""
+def agree_on_stop(requested: bool, steps: int, device: torch.device, ready: bool = False) -> tuple[bool, int, bool]:
+    """(any rank requested a stop, the smallest `steps` any rank proposed, every rank `ready`): one all-reduce of three
+    numbers."""
     if not dist_initialized():
-        return requested, steps
-    t = torch.tensor([1.0 if requested else 0.0, -float(steps)], device=device)
+        return requested, steps, ready
+    t = torch.tensor([1.0 if requested else 0.0, -float(steps), 0.0 if ready else 1.0], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the max of -steps is -(the smallest)
-    flag, neg_steps = t.tolist()
-    return flag > 0, int(-neg_steps)
+    flag, neg_steps, unready = t.tolist()
+    return flag > 0, int(-neg_steps), unready == 0
 
 
 def gather(obj: Any) -> list[Any]:

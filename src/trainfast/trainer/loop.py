@@ -289,9 +289,12 @@ class Trainer:
                 if bar.due(now):
                     self._show(bar, now)
                 if (stop.requested is not None if alone  # alone: no collective, any signal stops at once
-                        else self.ranks.stop_agreed(stop, self.step, self.step % cfg.log_every == 0, self.device)):
+                        else self.ranks.stop_agreed(stop, self.step, self.step % cfg.log_every == 0, self.device,
+                                                    self.state.written_here())):
                     stop.agreed = True
                     break
+                if self.ranks.all_written():  # FSDP: every rank's part of the checkpoint written: put it in place
+                    self.state.join()
         else:
             ended = whole_epoch(loader, n_batches)
         if train_from is None:  # no batch this epoch

@@ -60,10 +60,17 @@ class Ranks:
             return _NOTHING
         return self.ddp.no_sync() if self.ddp is not None and not boundary else _NOTHING
 
-    def stop_agreed(self, stop: StopSignal, step: int, at_log_point: bool, device: torch.device) -> bool:
+    def stop_agreed(self, stop: StopSignal, step: int, at_log_point: bool, device: torch.device,
+                    written: bool = False) -> bool:
         """Stop now? Alone: whenever a signal came. Distributed: every rank at the same step, so the ranks agree
         every few seconds and at log points (a collective then, no per-step sync); a scheduler may signal only
         some ranks."""
         if self.alone:
             return stop.requested is not None
-        return (at_log_point or self.stops.due(step)) and self.stops.agree(stop.requested is not None, step, device)
+        self.stops.all_ready = False
+        return (at_log_point or self.stops.due(step)) and self.stops.agree(stop.requested is not None, step, device,
+                                                                          written)
+
+    def all_written(self) -> bool:
+        """At this step's stop agreement every rank said its part of the checkpoint in flight is `written`."""
+        return self.stops.all_ready

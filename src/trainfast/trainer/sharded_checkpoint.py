@@ -122,6 +122,10 @@ class ShardedWrite:
     def wait(self) -> None:
         self._done.wait()
 
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
     def commit(self) -> None:
         """Rank 0, once every rank's part is written: rotate the kept checkpoints, rename the folder into place,
         link best's files to it. A failure leaves the previous checkpoint as the newest (`CheckpointWriteError`)."""

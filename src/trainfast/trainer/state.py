@@ -229,6 +229,11 @@ class TrainerState:
         if pending.best_written is not None:
             emit(t.callbacks, "on_checkpoint", t, pending.best_written)
 
+    def written_here(self) -> bool:
+        """This rank's part of a sharded checkpoint in flight is written (rides on the ranks' stop agreements: once
+        every rank's is, the checkpoint is put in place then, not at the next save)."""
+        return self.writing and isinstance(self.pending, ShardedWrite) and self.pending.done
+
     def wait_here(self) -> None:
         """This rank's write in flight, if any, is finished (not collective: for a fault unwinding on this rank, which
         then names the checkpoint on disk; its outcome is still handed to every rank by `join`)."""

@@ -21,12 +21,14 @@ WATCHDOG_S = 150  # no run of this script takes a third of that
 class Record:
     """Each optimizer step's loss (the job's: the mean over ranks), and the stop or crash asked for."""
 
-    def __init__(self, stop_at: int, crash_in_write: int) -> None:
+    def __init__(self, stop_at: int, crash_in_write: int, crash_at: int) -> None:
         self.losses: dict[int, float] = {}
-        self.stop_at, self.crash_in_write = stop_at, crash_in_write
+        self.stop_at, self.crash_in_write, self.crash_at = stop_at, crash_in_write, crash_at
 
     def on_log(self, trainer, metrics):
         self.losses[metrics["step"]] = metrics["loss"]
+        if metrics["step"] == self.crash_at:
+            os._exit(3)  # every rank: a job killed mid-epoch
         if metrics["step"] == self.stop_at and int(os.environ.get("RANK", 0)) == 0:
             os.kill(os.getpid(), signal.SIGTERM)
 
@@ -56,6 +58,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--stop-at", type=int, default=-1)
     parser.add_argument("--crash-in-write", type=int, default=-1)
+    parser.add_argument("--crash-at", type=int, default=-1)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
     g = torch.Generator().manual_seed(0)
@@ -64,7 +67,7 @@ def main():
     model = nn.Sequential(nn.Linear(16, 32), *(Block(32) for _ in range(3)), nn.Linear(32, 4))
     config = TrainConfig(epochs=args.epochs, log_every=1, checkpoint_dir=args.ckpt, device="cpu", progress=False,
                          warmup_steps=5, precision="32-true", strategy=args.strategy, lr=3e-3)
-    record = Record(args.stop_at, args.crash_in_write)
+    record = Record(args.stop_at, args.crash_in_write, args.crash_at)
     loader = make_loader((x, y), args.batch_size, seed=1, workers=0)
     result = Trainer(model, config=config, callbacks=[record]).fit(loader, resume=args.resume)
     if int(os.environ.get("RANK", 0)) == 0:
