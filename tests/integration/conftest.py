@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from torch.optim import optimizer as optimizer_module
@@ -113,8 +115,21 @@ def run_two_agents(*args: str, timeout: float, env: Mapping[str, str] | None = N
         finally:
             for proc in procs:
                 if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                    _kill_agent(proc)
+
+
+def _kill_agent(agent: subprocess.Popen[str]) -> None:
+    """SIGKILL an agent and everything under it: torchrun starts each worker in a session of its own, which the
+    agent's process group does not reach (a worker left behind would sit in a collective for gloo's 30 minutes)."""
+    try:
+        below = psutil.Process(agent.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        below = []
+    os.killpg(agent.pid, signal.SIGKILL)
+    for process in below:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    agent.wait()
 
 
 def _holds(when: Path | str, outputs: Callable[[], list[tuple[str, str]]]) -> bool:
