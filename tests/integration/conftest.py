@@ -73,13 +73,16 @@ def run_two_agents(*args: str, timeout: float, env: Mapping[str, str] | None = N
                    interrupt: Interrupt | None = None,
                    ) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
     """A 2-rank job started as on two machines: two torchrun agents on localhost, `--nnodes 2 --nproc-per-node 1`,
-    meeting in a c10d rendezvous (a free port, a fresh `--rdzv-id`), each in its own session, each running ARGS.
-    Which agent's worker is rank 0 is the rendezvous' choice (the lower pid, so in practice agent 0, not always).
-    `interrupt` signals one agent mid-run. Past `timeout` both process groups are killed and the test fails with
-    both outputs' tails (a hang is a failed test). Returns each agent's CompletedProcess, in start order."""
+    meeting in a c10d rendezvous (a free port, a fresh `--rdzv-id`; agent 0 hosts its store), each in its own session,
+    each running ARGS. Which agent's worker is rank 0 is the rendezvous' choice (the lower pid: in practice agent 0,
+    not always). `interrupt` signals one agent mid-run. Past `timeout` both agents and their workers are killed and
+    the test fails with both outputs' tails (a hang is a failed test). Returns each agent's CompletedProcess, in
+    start order."""
     endpoint, job = f"127.0.0.1:{_free_port()}", f"test-{uuid.uuid4().hex[:12]}"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-           f"--rdzv-endpoint={endpoint}", f"--rdzv-id={job}", "--max-restarts=0", *args]
+           f"--rdzv-endpoint={endpoint}", f"--rdzv-id={job}", "--max-restarts=0"]
+    # agent 0 hosts the rendezvous store, as the endpoint's machine does (on one host both would race to bind it)
+    cmds = [[*cmd, f"--rdzv-conf=is_host={host}", *args] for host in ("true", "false")]
     full_env = os.environ | TORCHRUN_ENV | dict(env or {})
     with tempfile.TemporaryDirectory(prefix="two-agents-") as folder:
         # files, not pipes: read while the agents run (`interrupt`), and nothing blocks on a full pipe
@@ -91,9 +94,9 @@ def run_two_agents(*args: str, timeout: float, env: Mapping[str, str] | None = N
 
         started = time.monotonic()
         try:
-            for out, err in logs:
+            for (out, err), agent_cmd in zip(logs, cmds, strict=True):
                 with out.open("w") as stdout, err.open("w") as stderr:
-                    procs.append(subprocess.Popen(cmd, env=full_env, stdout=stdout, stderr=stderr, text=True,
+                    procs.append(subprocess.Popen(agent_cmd, env=full_env, stdout=stdout, stderr=stderr, text=True,
                                                   start_new_session=True))
             deadline = started + timeout
             while any(proc.poll() is None for proc in procs) and time.monotonic() < deadline:
@@ -110,8 +113,8 @@ def run_two_agents(*args: str, timeout: float, env: Mapping[str, str] | None = N
             if interrupt is not None and interrupt.sent_after_s is not None:
                 interrupt.ended_after_s = time.monotonic() - started - interrupt.sent_after_s
             (out0, err0), (out1, err1) = outputs()
-            return (subprocess.CompletedProcess(cmd, procs[0].returncode, out0, err0),
-                    subprocess.CompletedProcess(cmd, procs[1].returncode, out1, err1))
+            return (subprocess.CompletedProcess(cmds[0], procs[0].returncode, out0, err0),
+                    subprocess.CompletedProcess(cmds[1], procs[1].returncode, out1, err1))
         finally:
             for proc in procs:
                 if proc.poll() is None:

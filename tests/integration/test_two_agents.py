@@ -88,7 +88,7 @@ def test_sigterm_to_one_agent_stops_both_and_the_resume_continues_exactly(tmp_pa
     assert first == second
 
     marker = tmp_path / "training"  # written at the third training step
-    stop = two_agents.Interrupt(agent=0, when=marker)  # the agent hosting the rendezvous store
+    stop = two_agents.Interrupt(agent=0, when=marker)  # the agent hosting the rendezvous store, as HOST0 does
     stopped = job("stopped", "--marker", str(marker), interrupt=stop)
     assert stop.ended_after_s is not None, outputs(stopped)
     assert [run.returncode for run in stopped] == [1, 1], outputs(stopped)  # torchrun: the job failed
