@@ -9,7 +9,8 @@ at each epoch's end. Printed by rank 0:
   `sharding.local_bytes`) under each strategy, and their ratio (FSDP/DDP; 1/world_size is the ideal);
 - per FSDP save, the time training waited for it (`FitResult.checkpoint_blocked_s`: the Trainer's blocking part,
   the previous write's join included) against a plain copy of the same state to host memory (`to_host` of the same
-  model and optimizer state dicts, timed on the same rank right after the save, in `on_epoch_end`), and their ratio;
+  model and optimizer state dicts, timed on the same rank right before the save, in `on_validation_end`, between two
+  barriers so that no rank's save starts waiting for a late one), and their ratio;
   the medians over the saves after the first (the first also starts DCP's writer), with the range;
 - the background write's time (`checkpoint_write_s`).
 """
@@ -29,6 +30,7 @@ from torch import nn
 
 from trainfast import TrainConfig, Trainer, make_loader
 from trainfast.trainer.checkpoint import to_host
+from trainfast.trainer.distributed import barrier
 from trainfast.trainer.sharded_checkpoint import dcp_state
 from trainfast.trainer.sharding import local_bytes
 
@@ -43,15 +45,18 @@ class Block(nn.Module):
 
 
 class PlainCopy:
-    """After each save (`on_epoch_end` comes right after it): a plain copy of the same state to host memory, timed."""
+    """Right before each save (`on_validation_end`; the previous write long done): a plain copy of the same state to
+    host memory, timed."""
 
     def __init__(self) -> None:
         self.copy_s: list[float] = []
 
-    def on_epoch_end(self, trainer: Trainer, epoch: int, metrics: dict[str, float]) -> None:
+    def on_validation_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
+        barrier()  # the ranks aligned: the save's own collective (the RNG gather) then waits for no late rank
         started = time.perf_counter()
         to_host(dcp_state(trainer.model, trainer.optimizer))
         self.copy_s.append(time.perf_counter() - started)
+        barrier()
 
 
 def run(strategy: str, args: argparse.Namespace, folder: str) -> dict[str, Any]:
@@ -63,7 +68,8 @@ def run(strategy: str, args: argparse.Namespace, folder: str) -> dict[str, Any]:
     trainer = Trainer(model, config=TrainConfig(epochs=args.epochs, checkpoint_dir=os.path.join(folder, strategy),
                                                 device="cpu", precision="32-true", strategy=strategy, progress=False,
                                                 log_every=1000), callbacks=[copy])
-    result = trainer.fit(make_loader((x, y), args.batch_size, seed=0, workers=0))
+    val = make_loader((x[:64], y[:64]), args.batch_size, shuffle=False, workers=0)
+    result = trainer.fit(make_loader((x, y), args.batch_size, seed=0, workers=0), val)
     params, state = local_bytes(trainer.model, trainer.optimizer)
     return {"params": params, "optimizer_state": state, "blocked_s": result.checkpoint_blocked_s,
             "write_s": result.checkpoint_write_s, "copy_s": copy.copy_s}
@@ -74,7 +80,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--samples", type=int, default=512)
+    parser.add_argument("--samples", type=int, default=2048, help="per epoch: long enough for a write to finish")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--json", default=None)
     parser.add_argument("--folder", default=os.path.join(tempfile.gettempdir(), "trainfast-fsdp-memory"),

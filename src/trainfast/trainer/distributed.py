@@ -136,15 +136,15 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     return bool(t.item() > 0)
 
 
-def agree_on_stop(requested: bool, steps: int, device: torch.device, ready: bool = False) -> tuple[bool, int, bool]:
-    """(any rank requested a stop, the smallest `steps` any rank proposed, every rank `ready`): one all-reduce of three
-    numbers."""
+def agree_on_stop(requested: bool, steps: int, device: torch.device, status: int = 1) -> tuple[bool, int, int]:
+    """(any rank requested a stop, the smallest `steps` any rank proposed, the largest `status` of any rank): one
+    all-reduce of three numbers."""
     if not dist_initialized():
-        return requested, steps, ready
-    t = torch.tensor([1.0 if requested else 0.0, -float(steps), 0.0 if ready else 1.0], device=device)
+        return requested, steps, status
+    t = torch.tensor([1.0 if requested else 0.0, -float(steps), float(status)], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the max of -steps is -(the smallest)
-    flag, neg_steps, unready = t.tolist()
-    return flag > 0, int(-neg_steps), unready == 0
+    flag, neg_steps, worst = t.tolist()
+    return flag > 0, int(-neg_steps), int(worst)
 
 
 def gather(obj: Any) -> list[Any]:

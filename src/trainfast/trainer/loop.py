@@ -56,7 +56,7 @@ from trainfast.trainer.settings import torch_settings
 from trainfast.trainer.sharded_checkpoint import clean_stale_folders
 from trainfast.trainer.sharding import choose_strategy
 from trainfast.trainer.signals import EXIT_CODE, StopSignal, parse_signals, workers_ignore
-from trainfast.trainer.state import TrainerState
+from trainfast.trainer.state import WRITE_FAILED, TrainerState
 from trainfast.trainer.step import (
     LossOf,
     default_batch_loss,
@@ -290,11 +290,11 @@ class Trainer:
                     self._show(bar, now)
                 if (stop.requested is not None if alone  # alone: no collective, any signal stops at once
                         else self.ranks.stop_agreed(stop, self.step, self.step % cfg.log_every == 0, self.device,
-                                                    self.state.written_here())):
+                                                    self.state.write_status())):
                     stop.agreed = True
                     break
-                if self.ranks.all_written():  # FSDP: every rank's part of the checkpoint written: put it in place
-                    self.state.join()
+                if (settled := self.ranks.writes_settled()) is not None:  # FSDP: every rank's part written
+                    self._put_in_place(failed=settled == WRITE_FAILED)
         else:
             ended = whole_epoch(loader, n_batches)
         if train_from is None:  # no batch this epoch
@@ -304,6 +304,18 @@ class Trainer:
         self.phases.add("train", train_from)
         if ended:  # the loader's own end of the epoch: its next epoch's first batches are being made already
             end_epoch(batches)
+
+    def _put_in_place(self, failed: bool) -> None:
+        """Inside a step: the sharded checkpoint every rank has written goes in place (`TrainerState.put_in_place`),
+        or a rank's failed write stops training on every rank. Its time is the save's (`checkpoint_blocked_s`, the
+        checkpoint phase), not the step's."""
+        since = time.perf_counter()
+        self.state.put_in_place(failed)
+        seconds = time.perf_counter() - since
+        self.state.blocked_s[-1] += seconds
+        self.clock.leave_out(seconds)
+        self.phases.aside(seconds)
+        self.phases.seconds["checkpoint"] += seconds
 
     def _peak_in_loop(self) -> None:
         """The A/Bs have settled, inside a step: MFU's peak is measured now, its time left out of the step and of

@@ -61,16 +61,17 @@ class Ranks:
         return self.ddp.no_sync() if self.ddp is not None and not boundary else _NOTHING
 
     def stop_agreed(self, stop: StopSignal, step: int, at_log_point: bool, device: torch.device,
-                    written: bool = False) -> bool:
+                    writes: int = 1) -> bool:
         """Stop now? Alone: whenever a signal came. Distributed: every rank at the same step, so the ranks agree
         every few seconds and at log points (a collective then, no per-step sync); a scheduler may signal only
         some ranks."""
         if self.alone:
             return stop.requested is not None
-        self.stops.all_ready = False
+        self.stops.writes = 1
         return (at_log_point or self.stops.due(step)) and self.stops.agree(stop.requested is not None, step, device,
-                                                                          written)
+                                                                          writes)
 
-    def all_written(self) -> bool:
-        """At this step's stop agreement every rank said its part of the checkpoint in flight is `written`."""
-        return self.stops.all_ready
+    def writes_settled(self) -> int | None:
+        """At this step's stop agreement: every rank's part of the checkpoint in flight written (0), or some rank's
+        failed (2); None otherwise (no agreement this step, or a part still being written)."""
+        return None if self.stops.writes == 1 else self.stops.writes

@@ -124,20 +124,21 @@ class StopSchedule:
         self.clock = clock
         self.next_step = 0  # the first boundary step agrees (a resumed run starts beyond 0)
         self._last: tuple[int, float] | None = None  # (step, time) of the last agreement
-        self.all_ready = False  # every rank was `ready` at the agreement of this step (cleared by the next step)
+        self.writes = 1  # the largest `writes` of any rank at the agreement of this step (reset by the next step)
 
     def due(self, step: int) -> bool:
         return step >= self.next_step
 
-    def agree(self, requested: bool, step: int, device: torch.device, ready: bool = False) -> bool:
-        """Collective: call on every rank when `due(step)`. True on all ranks if any rank was signalled. `ready`
-        rides along: `all_ready` is then whether it was true on every rank (its part of a checkpoint written)."""
+    def agree(self, requested: bool, step: int, device: torch.device, writes: int = 1) -> bool:
+        """Collective: call on every rank when `due(step)`. True on all ranks if any rank was signalled. `writes`
+        rides along (this rank's part of a checkpoint: 0 written, 1 in flight or none, 2 failed): `writes` is then
+        the largest of any rank's."""
         now = self.clock()
         interval = 1
         if self._last is not None and step > self._last[0]:
             per_step = (now - self._last[1]) / (step - self._last[0])
             interval = max(1, int(self.every_s / per_step)) if per_step > 0 else 1
         self._last = (step, now)
-        stop, interval, self.all_ready = agree_on_stop(requested, interval, device, ready)
+        stop, interval, self.writes = agree_on_stop(requested, interval, device, writes)
         self.next_step = step + interval
         return stop

@@ -55,6 +55,7 @@ from trainfast.trainer.sharded_checkpoint import (
 )
 
 log = logging.getLogger("trainfast")
+WRITTEN, WRITING, WRITE_FAILED = 0, 1, 2  # a rank's part of a sharded checkpoint, as the ranks agree on it (the max)
 
 
 class Owner(Protocol):
@@ -119,6 +120,7 @@ class TrainerState:
         self.pending: CheckpointWrite | ShardedWrite | None = None  # rank 0's write in flight (every rank's: FSDP)
         self.sharded_group: Any = None  # FSDP: the process group of the sharded writes (None: rank 0 writes .pt)
         self._sharded_writes = 0  # sharded writes started: their temporary folders' numbers, alike on every rank
+        self.committing: ShardedWrite | None = None  # every rank's part written, being put in place by rank 0
         self.writing = False  # a background save was started and its outcome not yet shared (every rank alike)
         self.blocked_s: list[float] = []  # per save: seconds the training thread spent in it
         self.write_s: list[float] = []  # per save: seconds its write took (rank 0)
@@ -164,9 +166,9 @@ class TrainerState:
         rngs = gather(rng_state(t.device))  # each rank's RNG (its dropout stream) is part of an exact resume
         if self.sharded_group is not None:  # every rank writes its shards
             self._sharded_writes += 1
-            self.pending = ShardedWrite(t.model, t.optimizer, self._own(rngs) if t.dist.is_main else None, path,
-                                        t.config.keep_checkpoints, best, number=self._sharded_writes,
-                                        group=self.sharded_group, background=background)
+            own = to_host(self._own(rngs)) if t.dist.is_main else None  # rank 0 writes it, after its shards
+            self.pending = ShardedWrite(t.model, t.optimizer, own, path, t.config.keep_checkpoints, best,
+                                        number=self._sharded_writes, group=self.sharded_group, background=background)
         elif t.dist.is_main:
             state = self.capture(rngs)
             self.pending = CheckpointWrite(to_host(state) if background else state, path, t.config.keep_checkpoints,
@@ -178,6 +180,7 @@ class TrainerState:
         """Wait for the write in flight, if any, and hand its outcome to every rank (collective under DDP: every rank
         calls it at the same point): `on_checkpoint` for each file written, or the write's error raised on every
         rank (`CheckpointWriteError`: rank 0's own, the others with its message; the previous checkpoint stays)."""
+        self._committed()  # a sharded checkpoint being put in place (`put_in_place`)
         if not self.writing:
             return
         self.writing = False
@@ -213,32 +216,59 @@ class TrainerState:
             raise CheckpointWriteError(f"rank {rank} could not write its part of the sharded checkpoint "
                                        f"{str(pending.path)!r}: {message}; training stopped, the previous checkpoint "
                                        "is intact") from pending.error
-        committed: BaseException | None = None
+        self._commit(pending)
+        self._committed()
+
+    def _commit(self, pending: ShardedWrite) -> None:
+        """Every rank's part is written: rank 0 puts the folder in place on a thread (`_committed`: the outcome)."""
         if self.trainer.dist.is_main:
-            try:
-                pending.commit()
-            except CheckpointWriteError as e:
-                committed = e
-        outcome = gather(None if committed is None else str(committed))[0]
-        if committed is not None:
-            raise committed
+            pending.commit_in_background()
+        self.committing = pending
+
+    def _committed(self) -> None:
+        """Collective: rank 0's commit done, its outcome on every rank (`on_checkpoint`, or `CheckpointWriteError`)."""
+        committing, self.committing = self.committing, None
+        if committing is None:
+            return
+        error = committing.wait_commit() if self.trainer.dist.is_main else None
+        outcome = gather(None if error is None else str(error))[0]
+        if error is not None:
+            raise error
         if outcome is not None:
             raise CheckpointWriteError(outcome)
         t = self.trainer
-        emit(t.callbacks, "on_checkpoint", t, pending.path)
-        if pending.best_written is not None:
-            emit(t.callbacks, "on_checkpoint", t, pending.best_written)
+        emit(t.callbacks, "on_checkpoint", t, committing.path)
+        if committing.best_written is not None:
+            emit(t.callbacks, "on_checkpoint", t, committing.best_written)
 
-    def written_here(self) -> bool:
-        """This rank's part of a sharded checkpoint in flight is written (rides on the ranks' stop agreements: once
-        every rank's is, the checkpoint is put in place then, not at the next save)."""
-        return self.writing and isinstance(self.pending, ShardedWrite) and self.pending.done
+    def write_status(self) -> int:
+        """This rank's part of the sharded checkpoint in flight: `WRITTEN`, `WRITING` (or none in flight) or
+        `WRITE_FAILED`. It rides on the ranks' stop agreements, so the checkpoint goes in place soon after every
+        rank's part is written (`put_in_place`), not at the next save."""
+        if not (self.writing and isinstance(self.pending, ShardedWrite) and self.pending.done):
+            return WRITING
+        return WRITTEN if self.pending.error is None else WRITE_FAILED
+
+    def put_in_place(self, failed: bool) -> None:
+        """At a step where every rank agreed its part is written: rank 0 puts the folder in place on a thread, and
+        the next `join` shares how that went (no collective now). Where a rank's part `failed`: `join` now, which
+        raises on every rank."""
+        if failed:
+            self.join()
+            return
+        pending, self.pending = self.pending, None
+        assert isinstance(pending, ShardedWrite)
+        self.writing = False
+        self.write_s.append(pending.write_s)
+        self._commit(pending)
 
     def wait_here(self) -> None:
         """This rank's write in flight, if any, is finished (not collective: for a fault unwinding on this rank, which
         then names the checkpoint on disk; its outcome is still handed to every rank by `join`)."""
         if self.pending is not None:
             self.pending.wait()
+        if self.committing is not None and self.trainer.dist.is_main:
+            self.committing.wait_commit()
 
     def _wait(self) -> BaseException | None:
         """Rank 0: wait for the write in flight; `on_checkpoint` for what it wrote, or its error."""
@@ -267,6 +297,9 @@ class TrainerState:
         except BaseException as e:
             self.writing = False
             failed = self._wait()
+            committing, self.committing = self.committing, None
+            if committing is not None and self.trainer.dist.is_main:  # its folder goes in place all the same
+                failed = failed or committing.wait_commit()
             if failed is not None:
                 if isinstance(e, Exception):
                     raise failed  # noqa: B904 (its __cause__ is the write's own; what it replaces, its __context__)
