@@ -165,4 +165,4 @@ def side_group() -> Any:
     """A new process group of every rank on gloo (collective: every rank calls it, in the same order), for collectives
     issued from another thread than training's, such as a background checkpoint write's: two threads issuing
     collectives on one group would pair one rank's with another's in whichever order each thread came."""
-    return dist.new_group(backend="gloo")
+    return dist.new_group(backend="gloo", timeout=TIMEOUT)

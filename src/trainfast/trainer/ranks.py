@@ -40,9 +40,11 @@ class Ranks:
         from torch.distributed.fsdp import FSDPModule
         self.stops = StopSchedule()
         if strategy == "fsdp":
-            if not isinstance(model, FSDPModule):  # a second fit of the Trainer: sharded by the first
-                assert optimizer is not None and precision is not None
-                self.described = f"; fully_shard on {shard(model, optimizer, precision)}"
+            if isinstance(model, FSDPModule):  # its shards live on the first fit's process group, destroyed since
+                raise ValueError("a Trainer whose model FSDP sharded trains in one fit only; make a new Trainer for "
+                                 "the next one (fit(resume=True) continues from the checkpoint)")
+            assert optimizer is not None and precision is not None
+            self.described = f"; fully_shard on {shard(model, optimizer, precision)}"
             self.fsdp = model
         elif strategy == "ddp":
             ids = [device.index] if device.type == "cuda" else None
