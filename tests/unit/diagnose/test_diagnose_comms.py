@@ -99,10 +99,15 @@ def test_the_fix_follows_the_wrapper_and_no_gain_is_assumed() -> None:
 
 def test_fsdp_communication_carries_the_gain_measured_on_the_jobs_steps() -> None:
     fsdp = {"kinds": {"all-gather": {}, "reduce-scatter": {}}, "wrappers": ["fsdp2"]}
-    faster = Trial.of_rounds("fsdp_reshard", "kept gathered", [1.21, 1.25, 1.18], [0.1, 0.1, 0.1], value=False)
+    faster = Trial.of_rounds("fsdp_reshard", "kept gathered", [1.21] * 5 + [1.25] * 4 + [0.9] * 3, [0.1] * 12,
+                             value=False)
     fix = communication(evidence(0.4, fsdp, Trials({"fsdp_reshard": faster})))
     assert fix is not None and fix.gain_basis == "measured" and fix.expected_gain == pytest.approx(1.21)
-    assert "1.18-1.25x over 3 rounds" in fix.why
+    assert "0.90-1.25x over 12 rounds, 9 of 12 pairs" in fix.why
+    # a majority is not enough: 8 of 12 pairs faster happens by chance in 19 % of trials of a setting with no effect
+    lucky = Trial.of_rounds("fsdp_reshard", "kept gathered", [1.2] * 8 + [0.9] * 4, [0.1] * 12, value=False)
+    fix = communication(evidence(0.4, fsdp, Trials({"fsdp_reshard": lucky})))
+    assert fix is not None and fix.expected_gain is None and "8 of 12 pairs faster" in (fix.basis_reason or "")
     # measured faster where little is exposed: the measurement stands
     small = communication(evidence(0.03, fsdp, Trials({"fsdp_reshard": faster})))
     assert small is not None and small.expected_gain == pytest.approx(1.21)
@@ -110,9 +115,9 @@ def test_fsdp_communication_carries_the_gain_measured_on_the_jobs_steps() -> Non
     fix = communication(evidence(0.4, fsdp, Trials({"fsdp_reshard": same})))
     assert fix is not None and fix.expected_gain is None and fix.basis_reason
     assert "0.99x" in fix.basis_reason and "no gain" in fix.basis_reason
-    cut = Trial("fsdp_reshard", "kept gathered", reason="the run ended after 1 of the trial's 3 rounds (24 steps)")
+    cut = Trial("fsdp_reshard", "kept gathered", reason="the run ended inside the trial's 25 steps")
     fix = communication(evidence(0.4, fsdp, Trials({"fsdp_reshard": cut})))
-    assert fix is not None and fix.expected_gain is None and "ended after 1 of" in (fix.basis_reason or "")
+    assert fix is not None and fix.expected_gain is None and "ended inside" in (fix.basis_reason or "")
 
 
 def rank_report(*, comm_s: float, wait_s: float, kinds: list[str]) -> Report:

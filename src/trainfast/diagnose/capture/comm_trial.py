@@ -3,16 +3,17 @@
 An FSDP2 block (`fully_shard`) that reshards its parameters after forward (the default) all-gathers them again in
 backward. Keeping them gathered (`reshard_after_forward=False`) removes those all-gathers, for the memory of the
 gathered parameters. No replay can time it: a copy of the model needs the job's other ranks in its collectives. So the
-job's own steps are: when the measured steps end, every rank runs `ROUNDS` rounds of `STEPS` steps as the script has
-them ("base"), then `STEPS` with the parameters kept gathered ("candidate"), each after `WARMUP` steps, and the
-setting is put back after each round.
+job's own steps are: when the measured steps end, every rank runs one step as the script has it, then `ROUNDS` pairs
+of steps: one as the script has it ("base"), the next with the parameters kept gathered ("candidate"), the setting put
+back after it. A step needs no warm-up after the switch: FSDP reshards every block after backward whatever the
+setting, so no step leaves anything to the next.
 
 Every rank decides alike, so that no rank waits on another in a collective it does not issue: whether to run is
 decided on the model's structure (an FSDP2 module that reshards after forward), never on a timing, and the setting
 switches at a phase's end, which every rank reaches at the same closed step (phases are counted in steps). A phase's
 time runs from the previous phase's end to its own (a step closes at the next one's first input; on CUDA once the
 device's queued work is done, so that the host running ahead does not hide it), over its steps; the factor is the
-median over the rounds of base / candidate, with the spread. The whole step is timed: the step's gain as measured,
+median over the pairs of base / candidate, with the spread. The whole step is timed: the step's gain as measured,
 nothing assumed.
 """
 
@@ -29,7 +30,13 @@ from torch import nn
 from trainfast.diagnose.capture.timeline import Timeline
 from trainfast.diagnose.records.trials import Trial
 
-ROUNDS, STEPS, WARMUP = 4, 2, 1  # 24 steps: a 60-step script still finishes them after the 35 measured
+# 12 pairs of adjacent steps (25 steps with the first): a 60-step script still finishes them after the 35 measured.
+# Adjacent single steps, not runs of a few: on a shared 2-core machine runs of 2 steps after a warm-up each gave
+# 0.95x to 1.57x on the same job, the machine's load drifting between the runs.
+ROUNDS = 12
+# Pairs that must be faster for a gain to be claimed: a setting with no effect shows 9 or more of 12 in 7 % of trials
+# (a one-sided sign test), where a bare majority (7) would be 39 %: one step's noise here is tens of percent.
+FASTER_PAIRS = 9
 WARM, BASE, CANDIDATE = "comm-warm", "comm-base", "comm-candidate"
 TRIAL_ID = "fsdp_reshard"
 SETTING = "parameters kept gathered from forward to backward (reshard_after_forward=False)"
@@ -66,10 +73,11 @@ class CommTrial:
         self.timeline, self.modules, self.device = timeline, modules, device
         # each module's own setting, put back exactly (its groups' post-forward mesh)
         self._saved = [(m._get_fsdp_state(), [g.post_forward_mesh_info for g in _groups(m)]) for m in modules]
+        timeline.add_phase(WARM, warmup=0, steps=1)  # its end: the first pair's start, on a step boundary
         for _ in range(ROUNDS):
-            for name, steps in ((WARM, WARMUP), (BASE, STEPS), (WARM, WARMUP), (CANDIDATE, STEPS)):
-                timeline.add_phase(name, warmup=0, steps=steps)
-        self._first = len(timeline.phases) - 4 * ROUNDS
+            timeline.add_phase(BASE, warmup=0, steps=1)
+            timeline.add_phase(CANDIDATE, warmup=0, steps=1)
+        self._first = len(timeline.phases) - 2 * ROUNDS - 1
         self._ends: list[float] = []  # each trial phase's end, the device's work done
 
     def on_phase_end(self, phase: str) -> bool:
@@ -83,7 +91,7 @@ class CommTrial:
                 module.set_reshard_after_forward(False, recurse=False)
         elif phase == CANDIDATE:
             self.restore()
-        return len(self._ends) == 4 * ROUNDS
+        return len(self._ends) == 2 * ROUNDS + 1
 
     def restore(self) -> None:
         for state, meshes in self._saved:
@@ -93,17 +101,16 @@ class CommTrial:
 
     def unfinished(self) -> Trial:
         """What the report says where the run ends inside the trial (replaced by `trial()` at its end)."""
-        return Trial(TRIAL_ID, SETTING, reason=f"the run ended inside the trial's {ROUNDS} rounds "
-                                              f"({ROUNDS * 2 * (WARMUP + STEPS)} steps)")
+        return Trial(TRIAL_ID, SETTING, reason=f"the run ended inside the trial's {2 * ROUNDS + 1} steps")
 
     def trial(self) -> Trial:
-        """The measured trial: each round's base / candidate seconds a step, from the phases' ends."""
-        phases = self.timeline.phases[self._first:]
+        """The measured trial: each pair's base / candidate seconds a step, from the phases' ends."""
+        phases, ends = self.timeline.phases[self._first:], self._ends
         ratios, bases = [], []
         for r in range(ROUNDS):
-            i = 4 * r
-            base_s = (self._ends[i + 1] - self._ends[i]) / max(1, phases[i + 1].seen)
-            candidate_s = (self._ends[i + 3] - self._ends[i + 2]) / max(1, phases[i + 3].seen)
+            i = 1 + 2 * r
+            base_s = (ends[i] - ends[i - 1]) / max(1, phases[i].seen)
+            candidate_s = (ends[i + 1] - ends[i]) / max(1, phases[i + 1].seen)
             ratios.append(base_s / candidate_s if candidate_s > 0 else 1.0)
             bases.append(base_s)
         return Trial.of_rounds(TRIAL_ID, SETTING, ratios, bases, value=False)
