@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,11 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import TORCHRUN_ENV, Torchrun
 from trainfast.trainer.sharded_checkpoint import TEMP_DIR_PREFIX, load_into, load_trainer_state
 
+# (not imported from conftest: run beside tests/unit, the name `conftest` may be another folder's)
+Torchrun = Callable[..., "subprocess.CompletedProcess[str]"]
+ONE_THREAD_ON_LOOPBACK = {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 SCRIPT = Path(__file__).parent / "scripts" / "fsdp_train.py"
 RTOL = 1e-5
 LIMIT_S = 120
@@ -44,8 +47,8 @@ def assert_close(got: dict[int, float], reference: dict[int, float]) -> None:
 
 def alone(*args: str) -> subprocess.CompletedProcess[str]:
     """The script in one process (no torchrun)."""
-    return subprocess.run([sys.executable, str(SCRIPT), *args], env=os.environ | TORCHRUN_ENV, capture_output=True,
-                          text=True, timeout=LIMIT_S)
+    return subprocess.run([sys.executable, str(SCRIPT), *args], env=os.environ | ONE_THREAD_ON_LOOPBACK,
+                          capture_output=True, text=True, timeout=LIMIT_S)
 
 
 @pytest.fixture(scope="module")
