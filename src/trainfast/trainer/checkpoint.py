@@ -23,7 +23,7 @@ import pickle
 import platform
 import random
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -227,15 +227,14 @@ def copy_best(last: Path, best: Path) -> Path | None:
         return None
 
 
-def load_latest_good(path: Path, keep: int, trusted: bool = False) -> tuple[Path, dict[str, Any]] | None:
-    """The newest of the kept checkpoints that verifies (loaded on the CPU); says which were skipped and why.
-    None if none exist."""
+def first_good(candidates: Iterable[Path], load: Callable[[Path], dict[str, Any]]
+               ) -> tuple[Path, dict[str, Any]] | None:
+    """The first of `candidates` (newest first) that `load` verifies; says which were skipped and why. None if there
+    are none; `CheckpointError` naming every reason if none loads."""
     errors = []
-    for candidate in rotated(path, keep):
-        if not candidate.exists():
-            continue
+    for candidate in candidates:
         try:
-            state = load_checkpoint(candidate, trusted=trusted)
+            state = load(candidate)
         except CheckpointError as e:
             errors.append(str(e))
             continue

@@ -33,6 +33,7 @@ from trainfast.trainer.checkpoint import (
     CheckpointError,
     CheckpointWriteError,
     copy_best,
+    first_good,
     load_checkpoint,
     rng_state,
     rotated,
@@ -368,16 +369,4 @@ class TrainerState:
         candidates = [p for p in [*rotated(folder / "last.pt", keep), *rotated_folders(folder / "last.pt", keep)]
                       if p.is_file() or is_sharded(p)]
         candidates.sort(key=lambda p: os.stat(p / "trainer.pt" if p.is_dir() else p).st_mtime_ns, reverse=True)
-        errors = []
-        for candidate in candidates:
-            try:
-                state = self._load(candidate, trusted)
-            except CheckpointError as e:
-                errors.append(str(e))
-                continue
-            for error in errors:
-                log.warning("%s; falling back to %s", error, candidate)
-            return candidate, state
-        if errors:
-            raise CheckpointError("no usable checkpoint: " + "; ".join(errors))
-        return None
+        return first_good(candidates, lambda candidate: self._load(candidate, trusted))
