@@ -17,7 +17,6 @@ DDP (`load_into`).
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import os
 import shutil
@@ -34,7 +33,16 @@ import torch
 from torch import nn
 
 from trainfast.atomic import TEMP_PREFIX, as_write_failure
-from trainfast.trainer.checkpoint import CheckpointError, CheckpointWriteError, atomic_save, load_checkpoint, to_host
+from trainfast.trainer.checkpoint import (
+    CheckpointError,
+    CheckpointWriteError,
+    atomic_save,
+    load_checkpoint,
+    rotate,
+    rotated,
+    to_host,
+    unrotate,
+)
 from trainfast.trainer.distributed import dist_initialized
 
 if TYPE_CHECKING:
@@ -54,8 +62,7 @@ def folder_of(path: Path) -> Path:
 
 def rotated_folders(path: Path, keep: int) -> list[Path]:
     """`last.dcp`, `last.1.dcp`, ...: newest first."""
-    path = folder_of(path)
-    return [path] + [path.with_name(f"{path.stem}.{i}{SUFFIX}") for i in range(1, keep)]
+    return rotated(folder_of(path), keep)
 
 
 def is_sharded(path: Path) -> bool:
@@ -143,16 +150,12 @@ class ShardedWrite:
         try:
             if names[-1].exists():  # the oldest kept goes (a folder cannot be renamed over); deleted on a thread
                 names[-1].replace(trash)
-            for older, newer in zip(reversed(names[1:]), reversed(names[:-1]), strict=True):
-                if newer.exists():
-                    newer.replace(older)
+            rotate(self.path, self.keep)
             self.temp.replace(self.path)
             _fsync_dir(self.path.parent)
         except OSError as e:
             shutil.rmtree(self.temp, ignore_errors=True)
-            for newer, older in itertools.pairwise(names):  # the newest kept back in place
-                if older.exists() and not newer.exists():
-                    older.replace(newer)
+            unrotate(self.path, self.keep)  # the newest kept back in place
             raise CheckpointWriteError(f"could not put the sharded checkpoint in place at {str(self.path)!r}: "
                                        f"{as_write_failure(e).reason}; training stopped, the newest intact "
                                        "checkpoint is kept") from e
