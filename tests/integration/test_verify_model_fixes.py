@@ -13,7 +13,7 @@ import pytest
 from trainfast.diagnose.records.findings import Recommendation
 from trainfast.diagnose.report.verify import verify_fixes
 from trainfast.diagnose.report.verify_runs import child_env, run_child
-from trainfast.margin import FASTER
+from trainfast.decide import FASTER
 
 SCRIPT = Path(__file__).parent / "scripts" / "task_wrapper_amp.py"
 SMALL = ["--threads", "1", "--image-size", "16", "--width", "16", "--batch-size", "8", "--accum", "1"]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainfast.launch import launch_env
-from trainfast.margin import FASTER
+from trainfast.decide import FASTER
 
 if TYPE_CHECKING:
     from trainfast.diagnose.run.apply import NothingToApply

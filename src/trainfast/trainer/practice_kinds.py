@@ -7,7 +7,7 @@
 - `Compile`: eager against torch.compile's step, which must be faster and neither recompile nor break its graph
   beyond the limits below.
 
-Every comparison of speeds clears the one margin of `trainfast.margin`: `faster(ratio)`, 3 % faster.
+Every comparison of speeds clears the one margin of `trainfast.decide`: `faster(ratio)`, 3 % faster.
 A new practice is a subclass of `Practice` (`trainer/practice.py`) added to `PRACTICES`, with its setting in
 `TrainConfig`; the order of `PRACTICES` is the order its A/Bs run in (compile last: its plan counts those before).
 """
@@ -25,7 +25,7 @@ from torch import nn
 from trainfast.device import DeviceClock
 from trainfast.dynamo import dynamo_counts
 from trainfast.loader.prefetch import rebuilt
-from trainfast.margin import FASTER, WITHIN, faster
+from trainfast.decide import FASTER, WITHIN, faster
 from trainfast.oom import first_line, is_oom
 from trainfast.precision.policy import PrecisionPolicy, resolve_precision
 from trainfast.trainer.config import TrainConfig

@@ -4,7 +4,7 @@ The search ranks many configurations on short trials, so its best is the best of
 high; a configuration that oversubscribes the cores can also look fine for a few dozen batches and then train at half
 the speed. So the choice is measured once more beside `make_loader`'s "auto" plan: `ROUNDS` rounds, each running both
 (in alternating order, each with a fresh loader, as a training run starts), and kept only when the median of the
-per-round ratios is `faster`: at least `FASTER` (1.03x, `trainfast.margin`: the noise between runs here is ~3 %, so a
+per-round ratios is `faster`: at least `FASTER` (1.03x, `trainfast.decide`: the noise between runs here is ~3 %, so a
 smaller gain is not told apart from none). Otherwise "auto" is what `workers="tuned"` gets, and the record says why,
 with both rates.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainfast.loader.tuned import WorkerSettings
-from trainfast.margin import FASTER, faster
+from trainfast.decide import FASTER, faster
 from trainfast.tune.trial import Trial
 
 ROUNDS = 3

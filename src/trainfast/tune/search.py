@@ -5,7 +5,7 @@
    torch's default threads).
 2. Workers from the start: one more while that gains more than `GAIN` and the loader does not yet keep up with the
    training step's own rate (measured alone on one cached batch); if none was added, halve them (down to none)
-   while the rate stays within `WITHIN` of the best (3 %, `trainfast.margin`: configurations that close are
+   while the rate stays within `WITHIN` of the best (3 %, `trainfast.decide`: configurations that close are
    equivalent, the noise between runs is as large; fewer workers are cheaper). Each count comes with auto's
    prefetch and, when training on the CPU, the intra-op threads left beside it.
 3. Around the best: the other side of the CPU split (one thread more, one less), the threads backend (loader
@@ -31,7 +31,7 @@ from dataclasses import replace
 
 from trainfast.loader.auto import auto_prefetch, threads_beside_workers
 from trainfast.loader.tuned import WorkerSettings
-from trainfast.margin import WITHIN
+from trainfast.decide import WITHIN
 from trainfast.tune.trial import Trial
 
 # A worker that adds less than this is not worth its core and memory (the noise between runs here is ~3 %).

@@ -20,7 +20,7 @@ from trainfast.diagnose.run.apply import (
     fixes_to_apply,
     load_report,
 )
-from trainfast.margin import FASTER
+from trainfast.decide import FASTER
 
 
 def fix(fix_id: str, gain: float | None = None, basis: str = "verified", **overrides: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from trainfast.loader.memory import TensorLoader
-from trainfast.margin import faster
+from trainfast.decide import faster
 from trainfast.trainer import practice_kinds
 from trainfast.trainer.config import TrainConfig
 from trainfast.trainer.loop import Trainer

@@ -8,7 +8,7 @@ the gradient of the outputs' mean as a stand-in for the script's loss, is timed,
 candidate too: emulated bf16 runs several times slower than fp32), channels_last, or NCHW where the script trains in
 channels_last, another intra-op thread count. Base and candidate alternate, `ROUNDS` times after a warm-up each
 (oneDNN builds its bf16 and NHWC kernels on the first call), and the factor is the median of the rounds' base /
-candidate ratios, with their spread. A candidate is `faster` only when that median clears `margin.FASTER` (3 %)
+candidate ratios, with their spread. A candidate is `faster` only when that median clears `decide.FASTER` (3 %)
 and most rounds agree: a 3 % edge on this shared 2-core machine is within the noise of a single pair.
 
 What a replay covers: one forward and backward of each model; the loss, the optimizer step and anything else the

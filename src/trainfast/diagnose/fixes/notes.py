@@ -10,7 +10,7 @@ from trainfast.diagnose.evidence.evidence import Evidence
 from trainfast.diagnose.fixes.rule import RULES
 from trainfast.diagnose.records.findings import Note, Recommendation
 from trainfast.diagnose.records.steps import main_loader
-from trainfast.margin import FASTER
+from trainfast.decide import FASTER
 
 
 def not_offered(e: Evidence) -> list[Note]:

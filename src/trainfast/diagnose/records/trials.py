@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainfast.margin import FASTER
+from trainfast.decide import FASTER
 
 TrialValue = str | int | bool | tuple[str, str] | None
 

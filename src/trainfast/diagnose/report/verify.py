@@ -41,7 +41,7 @@ from trainfast.diagnose.records.findings import Recommendation
 from trainfast.diagnose.report.report import Report
 from trainfast.diagnose.report.verify_runs import child_env, run_child
 from trainfast.loader.auto import batches_in_flight
-from trainfast.margin import FASTER
+from trainfast.decide import FASTER
 
 log = logging.getLogger("trainfast.diagnose")
 

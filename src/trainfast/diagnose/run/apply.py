@@ -5,7 +5,7 @@ enters autocast). `doctor --verify` already measured those fixes by injecting th
 (`capture/inject.py`'s `apply_overrides`); this module re-uses that injection for real runs:
 
 - `fixes_to_apply` picks the fixes from the report's JSON: by default each one `--verify` measured at least
-  `trainfast.margin.FASTER` times as fast that has something to inject, or exactly the ids asked for. Their overrides
+  `trainfast.decide.FASTER` times as fast that has something to inject, or exactly the ids asked for. Their overrides
   are merged in the report's (ranked) order; where two set one key differently, the higher-ranked wins and a note
   says so.
 - `run_applied` runs the script as `python script.py` (or `python -m module`) would, in this process as `__main__`,
@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from trainfast.margin import FASTER
+from trainfast.decide import FASTER
 
 
 class ApplyError(ValueError):

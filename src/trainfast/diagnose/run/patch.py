@@ -14,7 +14,7 @@ from typing import Any
 
 from trainfast.diagnose.capture.inject import LOADER_KEYS
 from trainfast.diagnose.show.patch import KeywordEdit, KeywordPatch, keyword_patch
-from trainfast.margin import FASTER
+from trainfast.decide import FASTER
 
 
 def report_patch(report: Mapping[str, Any], *, root: Path) -> tuple[KeywordPatch, list[str]]:
