@@ -137,10 +137,13 @@ class Decision:
 
 
 def decide(a: Sequence[float], b: Sequence[float], *, threshold: float = FASTER, noise: Noise = RUN_NOISE,
-           paired: bool = True, looks: int = 1, confidence: float = CONFIDENCE) -> Decision:
+           paired: bool = True, looks: int = 1, confidence: float = CONFIDENCE,
+           null_pairs: Sequence[tuple[float, float]] = ()) -> Decision:
     """B against A from their speeds (higher is faster: samples/s, or 1 / seconds), paired in order (`a[i]` beside
     `b[i]`) or, with `paired=False`, two independent samples. `looks`: how many times a sequential rule looks at
-    growing samples (module doc). Raises ValueError on no samples, unequal pairs, or a speed that is not > 0."""
+    growing samples (module doc). `null_pairs`: pairs of one setting measured twice (verify's baselines before and
+    after), whose log ratios show the spread a pair has with no change: each adds a degree of freedom to the spread
+    (paired only). Raises ValueError on no samples, unequal pairs, or a speed that is not > 0."""
     if threshold < 1:
         raise ValueError(f"threshold={threshold!r}: give a ratio of 1 or more (1.05: 5 % faster)")
     if not a or not b or (paired and len(a) != len(b)):
@@ -161,10 +164,11 @@ def decide(a: Sequence[float], b: Sequence[float], *, threshold: float = FASTER,
         logs = [math.log(y / x) for x, y in zip(a, b, strict=True)]
         n = len(logs)
         centre = statistics.median(logs)
-        sd, df = _pooled([logs], noise.sd, noise.weight)
+        nulls = [math.log(y / x) for x, y in null_pairs if x > 0 and y > 0]
+        sd, df = _pooled([logs], noise.sd, noise.weight, known_zero=nulls)
         se = sd * _median_factor(n) / math.sqrt(n)
         se_of: Callable[[int], float] = lambda k: sd * _median_factor(k) / math.sqrt(k)
-        df_of: Callable[[int], float] = lambda k: noise.weight + k - 1
+        df_of: Callable[[int], float] = lambda k: noise.weight + len(nulls) + k - 1
     else:
         la, lb = [math.log(x) for x in a], [math.log(y) for y in b]
         n = min(len(la), len(lb))
@@ -209,10 +213,13 @@ def _median_factor(n: int) -> float:
     return math.sqrt(math.pi / 2) if n >= 3 else 1.0
 
 
-def _pooled(groups: Sequence[Sequence[float]], prior_sd: float, weight: float) -> tuple[float, float]:
-    """The groups' spread pooled with the prior (module doc), and its degrees of freedom."""
-    ss = sum(sum((x - statistics.fmean(g)) ** 2 for x in g) for g in groups if len(g) > 1)
-    df_data = sum(len(g) - 1 for g in groups)
+def _pooled(groups: Sequence[Sequence[float]], prior_sd: float, weight: float,
+            known_zero: Sequence[float] = ()) -> tuple[float, float]:
+    """The groups' spread pooled with the prior (module doc), and its degrees of freedom; `known_zero`: values whose
+    mean is 0 by design (a setting against itself), one degree of freedom each."""
+    ss = sum(sum((x - statistics.fmean(g)) ** 2 for x in g) for g in groups if len(g) > 1) + sum(x * x for x in
+                                                                                                known_zero)
+    df_data = sum(len(g) - 1 for g in groups) + len(known_zero)
     df = weight + df_data
     return math.sqrt((weight * prior_sd ** 2 + ss) / df), df
 
