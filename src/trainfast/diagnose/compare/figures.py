@@ -9,13 +9,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from trainfast.decide import Decision, decide
+
 MIN_UNITS = 10  # measured steps (window) or throughput intervals after the first (whole run) per report
 
 
 RESAMPLES = 2000
 
 
-CONFIDENCE = 0.95
+CONFIDENCE = 0.95  # the parts' and phases' intervals (within the runs); the gate's is the decision's (trainfast.decide)
 
 
 SEED = 0
@@ -134,6 +136,16 @@ class Comparison:
     runs: tuple[int, int] = (1, 1)  # reports a side
     run_spread_pct: tuple[float | None, float | None] = (None, None)  # each side's runs' sd over their mean, in %
     comparable: list[str] = field(default_factory=list)  # what makes the runs comparable, a line each
+    # each run's speed (samples/s; a whole run's samples per wall second), per side: what the gate decides on
+    speeds: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())
+    paired: bool = False  # the runs were measured in interleaved pairs (--runs): BASE i beside NEW i
+    looks: int = 1  # how many times a sequential --runs looked at its growing runs (trainfast.decide)
+    within: Slowdown | None = None  # the slowdown from the runs' own steps alone: no between-run spread in it
+
+    def decision(self, threshold: float) -> Decision:
+        """NEW against BASE at `threshold` (a ratio: 1.05 for --fail-slower 5), by the one decision."""
+        paired = self.paired and len(self.speeds[0]) == len(self.speeds[1])
+        return decide(self.speeds[0], self.speeds[1], threshold=threshold, paired=paired, looks=self.looks)
 
     @property
     def rows(self) -> list[Change]:
@@ -153,7 +165,14 @@ class Comparison:
                 "run_spread_pct": {"base": self.run_spread_pct[0], "new": self.run_spread_pct[1]},
                 "comparable": list(self.comparable),
                 "confidence": CONFIDENCE, "resamples": RESAMPLES, "notes": list(self.notes),
+                "speeds": {"base": list(self.speeds[0]), "new": list(self.speeds[1])}, "paired": self.paired,
+                "looks": self.looks, "slowdown_within_runs": self.within.to_json() if self.within else None,
                 "contended": {"base": self.contended[0], "new": self.contended[1]}}
+
+
+# the exit codes: not slower, slower, reports that cannot be compared (cli), cannot tell
+PASS, SLOWER, INCOMPARABLE, INCONCLUSIVE = 0, 1, 2, 3
+INCONCLUSIVE_CHOICES = ("exit", "pass", "fail")  # --inconclusive: exit 3, or 0, or 1
 
 
 @dataclass(frozen=True)
@@ -161,14 +180,21 @@ class Gate:
     """The regression gate's verdict (`judge`): `verdict` is the one line to print."""
 
     fail_slower_pct: float | None
-    decided: bool  # False: the noise is wider than the threshold and the gate could not judge
+    decided: bool  # False: the runs cannot tell (noise, contention, start-up): `inconclusive` says what it exits
     failed: bool
     verdict: str
+    decision: Decision | None = None
+    inconclusive: str = "exit"  # INCONCLUSIVE_CHOICES
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.failed else 0
+        if self.failed:
+            return SLOWER
+        if self.decided:
+            return PASS
+        return {"exit": INCONCLUSIVE, "pass": PASS, "fail": SLOWER}[self.inconclusive]
 
     def to_json(self) -> dict[str, Any]:
         return {"fail_slower_pct": self.fail_slower_pct, "decided": self.decided, "failed": self.failed,
-                "exit_code": self.exit_code, "verdict": self.verdict}
+                "exit_code": self.exit_code, "verdict": self.verdict, "inconclusive": self.inconclusive,
+                "decision": self.decision.to_json() if self.decision else None}

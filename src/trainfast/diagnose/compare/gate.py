@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from trainfast.decide import Decision, decide, drift_bound
 from trainfast.diagnose.compare.figures import (
     CONTENTION_CORES,
     CONTENTION_SHARE,
@@ -52,16 +53,20 @@ Report = Mapping[str, Any]
 
 def compare(base: Report | Sequence[Report], new: Report | Sequence[Report], *,
             names: tuple[str, str] = ("BASE", "NEW"), run_names: tuple[Sequence[str], Sequence[str]] | None = None,
-            resamples: int = RESAMPLES, seed: int = SEED) -> Comparison:
+            resamples: int = RESAMPLES, seed: int = SEED, paired: bool = False, looks: int = 1,
+            versions: bool = False) -> Comparison:
     """NEW against BASE, each a doctor report's JSON or several reports of the same script (module doc). Raises
     IncomparableError naming why reports cannot be compared. `names`: how messages and notes call the two sides;
-    `run_names`: each report's name (its path, say), for messages about one of them."""
+    `run_names`: each report's name (its path, say), for messages about one of them. `paired`: BASE's run i and
+    NEW's run i were measured side by side (interleaved, `--runs`); `looks`: how often a sequential rule looked at
+    them; `versions`: BASE and NEW are two versions of a script (checked for the same model and data, not the same
+    file)."""
     runs = (_as_runs(base), _as_runs(new))
     labels = run_names or _side_labels(names, runs)
     for side, side_labels in zip(runs, labels, strict=True):
         for report, label in zip(side[1:], side_labels[1:], strict=True):
             check_comparable(side[0], report, (side_labels[0], label))
-    check_comparable(runs[0][0], runs[1][0], (labels[0][0], labels[1][0]))
+    check_comparable(runs[0][0], runs[1][0], (labels[0][0], labels[1][0]), versions=versions)
     whole = _kind(runs[0][0]) == WHOLE_RUN
     def side_units(side: list[Report], side_labels: Sequence[str]) -> list[_Units]:
         return [_whole_run_units(r["whole_run"], label) if whole else _window_units(r, label)
@@ -103,8 +108,14 @@ def compare(base: Report | Sequence[Report], new: Report | Sequence[Report], *,
         cost = [statistics.fmean(c) for c in costs]
         measure = Change("samples/s", "samples/s", 1 / cost[0], 1 / cost[1], _interval(1 / ratios))
         rates, phases, goodput, without_startup, startup = [], [], None, None, None
-    low, high = _percent_interval(ratios)
-    slowdown = Slowdown("wall time per sample" if whole else "samples/s", (cost[1] / cost[0] - 1) * 100, low, high)
+    what = "wall time per sample" if whole else "samples/s"
+    within = Slowdown(what, (cost[1] / cost[0] - 1) * 100, *_percent_interval(ratios))
+    speeds = (tuple(1 / c for c in costs[0]), tuple(1 / c for c in costs[1]))
+    # the interval the gate judges: the runs' own spread between them, and the prior's where they have none
+    d = decide(speeds[0], speeds[1], paired=paired and len(speeds[0]) == len(speeds[1]), looks=looks)
+    slowdown = Slowdown(what, (1 / d.ratio - 1) * 100, (1 / d.high - 1) * 100, (1 / d.low - 1) * 100)
+    measure = replace(measure, interval_pct=(slowdown.low_pct, slowdown.high_pct) if whole else
+                      ((d.low - 1) * 100, (d.high - 1) * 100))
     sides = (pooled(units[0]), pooled(units[1]))
     parts = [_part_change(part, sides, resampled) for part in (STEP, *(p for p, _, key in PARTS if key or not whole))]
     parts = [c for c in parts if c.name == STEP or c.base or c.new]  # a part neither run has (transfer on a CPU)
@@ -114,7 +125,8 @@ def compare(base: Report | Sequence[Report], new: Report | Sequence[Report], *,
                       contended=(_side_contention(runs[0], labels[0]), _side_contention(runs[1], labels[1])),
                       without_startup=without_startup, startup=startup, runs=(len(runs[0]), len(runs[1])),
                       run_spread_pct=(draw.spread_pct(costs[0]), draw.spread_pct(costs[1])),
-                      comparable=comparability(runs[0], runs[1], labels))
+                      comparable=comparability(runs[0], runs[1], labels, versions=versions), speeds=speeds,
+                      paired=paired, looks=looks, within=within)
 
 
 def _as_runs(side: Report | Sequence[Report]) -> list[Report]:
@@ -252,9 +264,6 @@ def notes(base: Report | Sequence[Report], new: Report | Sequence[Report], names
         busy = contention(report)
         if busy:
             out.append(f"{name} was measured while {busy}: its figures include that contention")
-        code = report["script"].get("exit_code")
-        if code:
-            out.append(f"{name}'s script ended with exit code {code} ({report['script'].get('outcome') or 'failed'})")
     torch_versions = [env_of(runs[0][0]).get("torch"), env_of(runs[1][0]).get("torch")]
     if None not in torch_versions and torch_versions[0] != torch_versions[1]:
         out.append(f"torch differs: {torch_versions[0]} in {names[0]}, {torch_versions[1]} in {names[1]}: the change "
@@ -274,8 +283,8 @@ def notes(base: Report | Sequence[Report], new: Report | Sequence[Report], names
     return out
 
 
-def comparability(base: Sequence[Report], new: Sequence[Report], labels: tuple[Sequence[str], Sequence[str]]
-                  ) -> list[str]:
+def comparability(base: Sequence[Report], new: Sequence[Report], labels: tuple[Sequence[str], Sequence[str]], *,
+                  versions: bool = False) -> list[str]:
     """What makes the runs comparable, one line each: the machine, torch, the shape (checked by
     `check_comparable`: reports that differ there do not get this far) and other processes' CPU use."""
     env = env_of(base[0])
@@ -289,7 +298,8 @@ def comparability(base: Sequence[Report], new: Sequence[Report], labels: tuple[S
     return [f"machine: the same in all {count} runs ({machine})",
             f"torch: {torch_versions[0]}" if len(torch_versions) == 1 else
             f"torch: differs ({', '.join(torch_versions)}): the change may be torch's",
-            "shape: the same script, arguments, batch sizes and world size",
+            "shape: two versions of the script with the same arguments, batch sizes, data, FLOPs a step and world "
+            "size" if versions else "shape: the same script, arguments, batch sizes and world size",
             "other processes: " + (f"busy in {', '.join(busy)}" if busy else
                                    f"quiet in all {count} runs (under {CONTENTION_CORES:g} core busy)")]
 
@@ -325,47 +335,59 @@ def _largest_phases(whole: Mapping[str, Any]) -> str:
     return ", ".join(f"{phase.replace('_', ' ')} {share:.0%}" for share, phase in shares if share >= 0.01) or "—"
 
 
-def judge(comparison: Comparison, fail_slower_pct: float | None = None) -> Gate:
-    """The regression gate (module doc): fail when NEW is slower than BASE by more than `fail_slower_pct` % beyond
-    the noise; pass, saying it could not decide, when the noise is wider than the threshold or the verdict would
-    rest on a run other processes slowed. Without a threshold, only the line saying the change."""
+def judge(comparison: Comparison, fail_slower_pct: float | None = None, inconclusive: str = "exit") -> Gate:
+    """The regression gate (module doc) on the one decision (trainfast.decide): fail when NEW is slower than BASE by
+    more than `fail_slower_pct` % (the estimate) beyond the noise (the interval clear of no change); pass when the
+    interval rules out a slowdown of twice the allowance; otherwise it cannot tell, and says what would. A verdict
+    that rests on a contended run, or on a whole run's start-up alone, cannot tell either. Without a threshold, only
+    the line saying the change. `inconclusive`: what "cannot tell" exits (INCONCLUSIVE_CHOICES)."""
     s = comparison.slowdown
     change = _said(s)
     if fail_slower_pct is None:
-        return Gate(None, True, False, f"{change}; no --fail-slower given → exit 0")
+        return Gate(None, True, False, f"{change}; no --fail-slower given → exit 0", inconclusive=inconclusive)
     limit = f"--fail-slower {fail_slower_pct:g} %"
+    d = comparison.decision(1 + fail_slower_pct / 100)
+    cannot = f"→ exit {Gate(None, False, False, '', inconclusive=inconclusive).exit_code}"
+
+    def gate(decided: bool, failed: bool, verdict: str) -> Gate:
+        return Gate(fail_slower_pct, decided, failed, verdict, d, inconclusive)
     base_busy, new_busy = comparison.contended
-    if s.low_pct > fail_slower_pct:
+    if d.slower:
         if new_busy:  # the slowdown may be the other processes'
-            return Gate(fail_slower_pct, False, False,
-                        f"warning: cannot decide: {change}, more than {limit}, but NEW was measured while {new_busy}: "
-                        "the slowdown may be theirs; rerun NEW on a quiet machine → exit 0")
+            return gate(False, False, f"warning: cannot tell: {change}, more than {limit}, but NEW was measured "
+                                      f"while {new_busy}: the slowdown may be theirs; rerun NEW on a quiet machine "
+                                      f"{cannot}")
         w, startup = comparison.without_startup, comparison.startup
         if w is not None and w.low_pct <= fail_slower_pct and startup is not None and \
                 startup[1] <= startup[0] * (1 + STARTUP_NOISE):  # one figure a run: no spread to judge it by
-            return Gate(fail_slower_pct, False, False,
-                        f"warning: cannot decide: {change}, more than {limit}, but with BASE's start-up it would be "
-                        f"{_signed(w)}: the difference is the start-up ({_startup_change(comparison)}), one figure "
-                        f"per run, which varies by up to {STARTUP_NOISE:.0%} between runs of the same script; rerun "
-                        "both → exit 0")
-        return Gate(fail_slower_pct, True, True, f"{change}: more than {limit} → exit 1")
-    if base_busy:  # a yardstick slowed by other processes can hide a slowdown
-        return Gate(fail_slower_pct, False, False,
-                    f"warning: cannot decide: {change}, but BASE was measured while {base_busy}: a slowed baseline "
-                    "can hide a slowdown; remeasure BASE on a quiet machine → exit 0")
-    more = ("measure more runs a side (more reports, or --runs) on a quieter machine, or raise --fail-slower → exit 0"
-            if comparison.runs != (1, 1) else
-            "measure more steps (--steps), or several runs a side, on a quieter machine, or raise --fail-slower → "
-            "exit 0")
-    if s.high_pct > fail_slower_pct and s.noise_pct > fail_slower_pct:
-        return Gate(fail_slower_pct, False, False,
-                    f"warning: cannot decide: {change}, and the noise (±{s.noise_pct:.1f} %) is wider than {limit}: "
-                    f"these runs cannot tell a {fail_slower_pct:g} % slowdown from none; {more}")
-    if s.high_pct > 2 * fail_slower_pct:
-        return Gate(fail_slower_pct, False, False,
-                    f"warning: cannot decide: {change}: not beyond {limit} by the noise, but a slowdown of twice "
-                    f"that ({2 * fail_slower_pct:g} %) is within the interval; {more}")
-    return Gate(fail_slower_pct, True, False, f"{change}: not more than {limit} beyond the noise → exit 0")
+            return gate(False, False, f"warning: cannot tell: {change}, more than {limit}, but with BASE's start-up "
+                                      f"it would be {_signed(w)}: the difference is the start-up "
+                                      f"({_startup_change(comparison)}), one figure per run, which varies by up to "
+                                      f"{STARTUP_NOISE:.0%} between runs of the same script; rerun both {cannot}")
+        return gate(True, True, f"{change}: more than {limit} → exit 1")
+    if d.low > 1 / (1 + 2 * fail_slower_pct / 100):
+        if base_busy:  # a yardstick slowed by other processes can hide a slowdown
+            return gate(False, False, f"warning: cannot tell: {change}, but BASE was measured while {base_busy}: a "
+                                      f"slowed baseline can hide a slowdown; remeasure BASE on a quiet machine "
+                                      f"{cannot}")
+        return gate(True, False, f"{change}: not more than {limit}, and a slowdown of twice that is ruled out → "
+                                 "exit 0")
+    return gate(False, False, f"warning: cannot tell: {change}: {_doubt(comparison, d, fail_slower_pct)} {cannot}")
+
+
+def _doubt(comparison: Comparison, d: Decision, pct: float) -> str:
+    """Why the runs cannot tell, and what would: the smallest change they could detect, the runs that would."""
+    runs = comparison.runs
+    detectable = f"these runs could detect a change of {(d.detectable - 1) * 100:.0f} % or more"
+    if runs == (1, 1):
+        why = (f"one run a side cannot show the spread between runs (here up to {(drift_bound() - 1) * 100:.0f} %), "
+               f"so {detectable}")
+    else:
+        aside = f", {d.set_aside} set aside as stalled" if d.set_aside else ""
+        why = f"{detectable} ({d.pairs} {'pairs' if comparison.paired else 'runs a side'}{aside}, spread {d.sd:.1%})"
+    more = (f"about {d.pairs_needed} runs a side would tell a {pct:g} % change at this noise"
+            if d.pairs_needed else f"no affordable number of runs tells a {pct:g} % change at this noise")
+    return f"{why}; {more} (--runs N, --max-runs, or more reports a side), or raise --fail-slower"
 
 
 def _signed(s: Slowdown, per: str = "") -> str:

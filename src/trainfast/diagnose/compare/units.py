@@ -54,11 +54,18 @@ def check_report(report: Any, name: str) -> None:
     whole = report.get("whole_run")
     if whole is not None and not isinstance(whole, Mapping):
         raise IncomparableError(f"{name} is not a trainfast doctor report: its 'whole_run' is not an object")
+    code = report["script"].get("exit_code")
+    if code:  # a crash's speed is not the script's: never a decision on it
+        error = str(report["script"].get("error") or report["script"].get("outcome") or "").strip().splitlines()
+        raise IncomparableError(f"{name}'s script crashed (exit code {code}{': ' + error[-1] if error else ''}): a "
+                                "run that crashed is not compared; fix it, or rerun it, and compare again")
 
 
-def check_comparable(base: Mapping[str, Any], new: Mapping[str, Any], names: tuple[str, str] = ("BASE", "NEW")
-                     ) -> None:
-    """Raise IncomparableError, naming why, unless the two reports measured the same thing the same way."""
+def check_comparable(base: Mapping[str, Any], new: Mapping[str, Any], names: tuple[str, str] = ("BASE", "NEW"), *,
+                     versions: bool = False) -> None:
+    """Raise IncomparableError, naming why, unless the two reports measured the same thing the same way. `versions`:
+    two versions of a script (`compare --runs OLD NEW`), which differ by design: the same arguments, data (each
+    loader's dataset and batches an epoch) and FLOPs a step (the model's shape) instead of the same file."""
     b, n = names
     check_report(base, b)
     check_report(new, n)
@@ -68,6 +75,9 @@ def check_comparable(base: Mapping[str, Any], new: Mapping[str, Any], names: tup
         raise IncomparableError(f"{b} is {which[kinds[0]]} and {n} is {which[kinds[1]]}: compare two reports of the "
                                 "same kind")
     scripts = [(r["script"].get("target"), list(r["script"].get("args") or [])) for r in (base, new)]
+    if versions:
+        _check_versions(base, new, names)
+        scripts = [("", args) for _, args in scripts]
     if scripts[0] != scripts[1]:
         raise IncomparableError(f"different scripts: {b} ran {_script(*scripts[0])}, {n} ran {_script(*scripts[1])}; "
                                 "compare two reports of the same script and arguments")
@@ -84,6 +94,26 @@ def check_comparable(base: Mapping[str, Any], new: Mapping[str, Any], names: tup
         if None not in values and values[0] != values[1]:
             raise IncomparableError(f"different machines: the {what} differ ({values[0]} in {b}, {values[1]} in {n}); "
                                     "compare runs measured on the same machine (a CI gate: the same runner type)")
+
+
+def _check_versions(base: Mapping[str, Any], new: Mapping[str, Any], names: tuple[str, str]) -> None:
+    """Two versions of a script train the same model on the same data: each loader's dataset (its class) and batches
+    an epoch, and the FLOPs of a step within 1 % (a model of another shape counts other FLOPs; precision, layout and
+    compile do not change them)."""
+    b, n = names
+    data = [[(loader.get("dataset"), loader.get("batches_per_epoch")) for loader in r["loaders"]
+             if isinstance(loader, Mapping)] for r in (base, new)]
+    if data[0] != data[1]:
+        raise IncomparableError(f"different data: the loaders' (dataset, batches an epoch) are {data[0]} in {b} and "
+                                f"{data[1]} in {n}; two versions of a script compare only on the same data")
+    flops = [_number_of((r.get("compute") or {}).get("flops_per_step")) for r in (base, new)]
+    if flops[0] and flops[1] and abs(flops[1] / flops[0] - 1) > 0.01:
+        raise IncomparableError(f"different model: a step counts {flops[0]:.3g} FLOPs in {b} and {flops[1]:.3g} in "
+                                f"{n}; two versions of a script compare only with the same model shape")
+
+
+def _number_of(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
 
 
 def env_of(report: Mapping[str, Any]) -> Mapping[str, Any]:
