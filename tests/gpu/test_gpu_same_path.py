@@ -93,8 +93,8 @@ def test_inputs_follow_a_layout_decided_mid_epoch_on_cuda(monkeypatch: pytest.Mo
         lambda m, args: seen.append(args[0].is_contiguous()) if m.training and torch.is_grad_enabled() else None)
     trainer = Trainer(model, config=cuda_config(precision="bf16-mixed", channels_last="auto"))  # prior: NHWC
     assert trainer.channels_last is True
-    trainer.fit(DataLoader(images(torch.float32), batch_size=8))
-    assert trainer.channels_last is False and all(seen[practices.CYCLES + 1:]), seen  # (one batch staged ahead)
+    steps = trainer.fit(DataLoader(images(torch.float32), batch_size=8)).ab_steps["channels_last"]  # when decided
+    assert trainer.channels_last is False and steps > 0 and all(seen[steps + 1:]), seen  # (one batch staged ahead)
 
 
 def test_tf32_set_through_the_new_api_by_a_script_does_not_break_fit() -> None:

@@ -9,7 +9,7 @@ that only the speed practices differ and the accuracies are comparable.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -48,11 +48,12 @@ class RunStats:
     val_accuracy: float | None
     wall_s: float
     device: str  # where the model trained: a speedup means something only between runs on the same device
+    ab_steps: dict[str, int] = field(default_factory=dict)  # the Trainer's A/B steps per practice (naive: none)
 
     def to_json(self) -> dict[str, object]:
         return {"name": self.name, "samples_per_s": self.samples_per_s, "data_wait_fraction": self.data_wait_fraction,
                 "steps": self.steps, "final_loss": self.final_loss, "val_accuracy": self.val_accuracy,
-                "wall_s": self.wall_s, "device": self.device}
+                "wall_s": self.wall_s, "device": self.device} | ({"ab_steps": self.ab_steps} if self.ab_steps else {})
 
 
 def naive_fit(model: nn.Module, train: Dataset[tuple[torch.Tensor, int]], val: Dataset[tuple[torch.Tensor, int]], *,

@@ -462,7 +462,7 @@ class Trainer:
             skipped_steps=self.scaler.skipped_steps if self.scaler.enabled else 0, wall_s=wall_s,
             loss_scale=self.scaler.loss_scale if self.scaler.enabled else None, precision=blocks.pop("precision", None),
             channels_last=blocks.pop("channels_last", None), compile=blocks.pop("compile", None),
-            other_practices=blocks,
+            other_practices=blocks, ab_steps=self.practices.ab_steps(),
             mfu=use.mfu if use is not None else None, mfu_reason=self.mfu.why_none(use), flops_per_step=self.mfu.flops,
             peak_flops_per_s=peak.flops_per_s if peak else None, peak_source=peak.source if peak else None,
             checkpoint_blocked_s=list(self.state.blocked_s), checkpoint_write_s=list(self.state.write_s),

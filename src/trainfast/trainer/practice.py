@@ -5,8 +5,9 @@ choice at once with its reason, `apply` switches the loop to a setting, and `dec
 figures every rank agreed on. A practice that needs more at a cycle's start or end (precision's loss guard,
 compile's compile step), figures of its own to agree on, or its own JSON form, overrides the hooks below, which
 do nothing by default. The practices themselves are in `trainer/practice_kinds.py`, listed once in `PRACTICES`;
-`Practices` (`trainer/practices.py`) runs them all on the one fixed schedule. At the end, what the practices share:
-extra forwards without a trace (`untouched`), the same batch's loss compared, a reason's figures.
+`Practices` (`trainer/practices.py`) runs them all on the one schedule: warm-up, then timed pairs until `decide`
+says, or `MAX_PAIRS`. At the end, what the practices share: extra forwards without a trace (`untouched`), the same
+batch's loss compared, the decision on an A/B's step times, a reason's figures.
 """
 
 from __future__ import annotations
@@ -21,16 +22,26 @@ from typing import Any, ClassVar, Generic, TypeVar
 import torch
 from torch import nn
 
+from trainfast.decide import FASTER, STEP_NOISE, Decision, decide, looks_between
 from trainfast.precision.policy import DeviceCaps, PrecisionPolicy
 from trainfast.trainer.config import TrainConfig
 from trainfast.trainer.step import LossOf
 
-TIMED = 3  # timed steps per setting, after its warm-up step: the median of 3 shrugs off one outlier
-CYCLES = 2 * (1 + TIMED)  # optimizer steps one A/B takes, always (a timing-dependent end would make runs differ)
 FIRST_TIMED = 2  # the cycle timed first: cycles 0 and 1 are the prior's and the alternative's warm-up
-# An A/B runs only in a run of at least this many times its steps: at most 1/6 of the run's steps are then taken
-# in the slower setting, which costs ~3 % of the run when that setting is 1.2x slower (the bf16/fp32 ratio of the
-# demo ConvNet on a 2-core AVX512-BF16 CPU is 1.5x).
+MIN_PAIRS = 2  # timed pairs (one step of each setting) before the first look: one pair has no spread of its own
+# The most timed pairs an A/B takes. Simulated with adjacent steps ~5 % apart (`STEP_NOISE`, a quiet 2-core CPU), 4
+# pairs tell a 1.2x gain from none in 98 % of A/Bs and a 1.15x one in 79 % (most at 2-3 pairs); a 5th pair raises
+# 1.15x to 89 % for 2 more steps, and would lift the shortest run that can afford an A/B from 30 steps to 36 (the
+# tests' 30-32-step runs, and `MIN_RUN_MULTIPLE` below). A gain of 1.10x or less is mostly not told in 4 pairs: the
+# safe setting stays.
+MAX_PAIRS = 4
+MAX_STEPS = FIRST_TIMED + 2 * MAX_PAIRS  # 10: the optimizer steps an A/B takes at most (its budget)
+LOOKS = looks_between(MIN_PAIRS, MAX_PAIRS)  # 3 looks (after pairs 2, 3 and 4) share the decision's confidence
+# An A/B runs only in a run of at least this many times its budget: at most 1/6 of the run's steps are then taken in
+# the slower setting (its warm-up and 4 timed steps: 5 of a 30-step run), which costs ~3 % of the run when that
+# setting is 1.2x slower (1/6 x 0.2 = 3.3 %; decided at 2.6 pairs on average, 2.4 %). A wider gap ends the A/B
+# sooner: 1.5x (the bf16/fp32 ratio of the demo ConvNet on a 2-core AVX512-BF16 CPU) is decided at 2 pairs, 3 slow
+# steps of 30, 3 x 0.5 / 30 = 5 % (8.3 % when every A/B took a fixed 8 steps of a 24-step run), less in a longer run.
 MIN_RUN_MULTIPLE = 3
 LOSS_TOLERANCE = 0.05  # the same batch's loss in another setting (a mixed precision, compiled): relative gap allowed
 Agree = Callable[[list[float]], list[float]]  # each value's max over all ranks (the values themselves when alone)
@@ -58,10 +69,18 @@ class Choice:
     reason: str
     step_s: dict[str, float] = field(default_factory=dict)  # median step time per measured setting
     loss: dict[str, float] = field(default_factory=dict)  # the first batch's loss per precision (the guard)
+    decision: Decision | None = None  # the A/B's decision on its agreed step times, as the practice chose by it
+    steps: int = 0  # optimizer steps the A/B took (0: none ran)
+    pairs: int = 0  # timed pairs among them
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"chosen": self.chosen, "reason": self.reason, "measured": bool(self.step_s)}
-        return out | {"step_s": self.step_s} | ({"loss": self.loss} if self.loss else {})
+        return out | {"step_s": self.step_s} | ({"loss": self.loss} if self.loss else {}) | self.ab_json()
+
+    def ab_json(self) -> dict[str, Any]:
+        """How long the A/B ran and what it decided: `steps`, `pairs`, `decision` (None: no decision was made)."""
+        return {"steps": self.steps, "pairs": self.pairs,
+                "decision": self.decision.to_json() if self.decision is not None else None}
 
 
 @dataclass
@@ -69,13 +88,27 @@ class AB:
     """One A/B under way: its two settings alternate cycle by cycle over real training steps."""
 
     settings: tuple[str, str]  # (prior, alternative): the prior runs first
-    times: dict[str, list[float]] = field(default_factory=dict)  # each timed cycle's seconds, per setting
+    # each timed cycle's seconds, per setting: this rank's while it runs; as every rank agreed them when decided, where
+    # the i-th of each setting is pair i
+    times: dict[str, list[float]] = field(default_factory=dict)
     losses: list[float] = field(default_factory=list)  # the alternative's timed step losses (compile's finite check)
     cycle: int = 0
+    pairs: list[tuple[float, float]] = field(default_factory=list)  # (prior's, alternative's) seconds, agreed
 
     def setting(self) -> str:
-        """The setting this cycle trains in: the prior's and the alternative's cycles alternate."""
-        return self.settings[self.cycle % 2]
+        """The setting this cycle trains in: the prior's warm-up, the alternative's, then timed pairs in alternating
+        order (prior first, then alternative first, ...): the second of a pair runs on caches the first warmed, and a
+        drift from step to step would favour the same side in every pair, where the pairs' spread cannot show it."""
+        if self.cycle < FIRST_TIMED:
+            return self.settings[self.cycle % 2]
+        pair, second = divmod(self.cycle - FIRST_TIMED, 2)
+        return self.settings[second ^ (pair % 2)]
+
+    def agreed_times(self) -> dict[str, list[float]]:
+        """`pairs` as `times`: each setting's agreed seconds, pair by pair (none: no pair was timed)."""
+        if not self.pairs:
+            return {}
+        return {name: [pair[i] for pair in self.pairs] for i, name in enumerate(self.settings)}
 
 
 @dataclass(frozen=True)
@@ -90,13 +123,14 @@ class Plan:
 
     @property
     def affordable(self) -> bool:
-        return self.fresh and self.steps >= MIN_RUN_MULTIPLE * CYCLES
+        """A fresh run of at least `MIN_RUN_MULTIPLE` times an A/B's budget: its worst case, whatever it decides."""
+        return self.fresh and self.steps >= MIN_RUN_MULTIPLE * MAX_STEPS
 
     @property
     def unmeasured(self) -> str:
         """Why an A/B the run cannot afford was not run."""
         return ("resumed run, no choice saved" if not self.fresh else f"not measured: run of {self.steps} steps, "
-                f"under {MIN_RUN_MULTIPLE}x the {CYCLES} steps an A/B takes")
+                f"under {MIN_RUN_MULTIPLE}x the {MAX_STEPS} steps an A/B can take")
 
 
 A = TypeVar("A", bound=AB)  # the record a practice keeps of its A/B: `AB` and what its hooks add
@@ -204,14 +238,17 @@ def loss_gap(loss: float | None, reference: float | None) -> str | None:
     return "non-finite" if math.isinf(gap) else f"{abs(loss - reference) / max(abs(reference), 1e-12):.1%} off"
 
 
+def decision(ab: AB, a: str, b: str) -> Decision:
+    """Setting `b` against `a` on the A/B's agreed step times as speeds (1 / seconds), pair i of the i-th timed step
+    of each, at `FASTER` and the step noise, over the `LOOKS` the A/B takes: the one rule every practice chooses by
+    (either order gives the same verdict, mirrored)."""
+    return decide([1 / s for s in ab.times[a]], [1 / s for s in ab.times[b]], threshold=FASTER, noise=STEP_NOISE,
+                  looks=LOOKS)
+
+
 def median_times(ab: AB) -> dict[str, float]:
-    """Each setting's median step time: the median of `TIMED` shrugs off one outlier."""
+    """Each setting's median step time (what the JSON's `step_s` reports; the decision is on the pairs)."""
     return {name: statistics.median(ts) for name, ts in ab.times.items()}
-
-
-def median_of(ab: AB) -> str:
-    """How many timed steps each median is of, for a reason's figures."""
-    return f", median of {min(len(ts) for ts in ab.times.values()) if ab.times else 0}"
 
 
 def in_ms(medians: dict[str, float]) -> str:

@@ -7,7 +7,9 @@
 - `Compile`: eager against torch.compile's step, which must be faster and neither recompile nor break its graph
   beyond the limits below.
 
-Every comparison of speeds clears the one margin of `trainfast.decide`: `faster(ratio)`, 3 % faster.
+Every comparison of speeds is `trainfast.decide`'s on the A/B's agreed step times (`practice.decision`): a setting
+wins only when measured faster by its margin (`FASTER`, 3 %) beyond the steps' noise; "cannot tell" keeps the safe
+setting.
 A new practice is a subclass of `Practice` (`trainer/practice.py`) added to `PRACTICES`, with its setting in
 `TrainConfig`; the order of `PRACTICES` is the order its A/Bs run in (compile last: its plan counts those before).
 """
@@ -25,22 +27,21 @@ from torch import nn
 from trainfast.device import DeviceClock
 from trainfast.dynamo import dynamo_counts
 from trainfast.loader.prefetch import rebuilt
-from trainfast.decide import FASTER, WITHIN, faster
 from trainfast.oom import first_line, is_oom
 from trainfast.precision.policy import PrecisionPolicy, resolve_precision
 from trainfast.trainer.config import TrainConfig
 from trainfast.trainer.practice import (
     AB,
-    CYCLES,
     FIRST_TIMED,
     LOSS_TOLERANCE,
+    MAX_STEPS,
     Choice,
     Plan,
     Practice,
     Settings,
+    decision,
     in_ms,
     loss_gap,
-    median_of,
     median_times,
     relative_gap,
     untouched,
@@ -104,19 +105,19 @@ class Precision(Practice[PrecisionAB]):
             return Choice(self.name, mixed, f"kept {mixed}: fp32 ran out of memory on the first batch "
                                             f"({ab.out_of_memory})", {}, losses)
         medians = median_times(ab)
-        ratio = medians[fp32] / medians[mixed]
-        figures = f"({in_ms(medians)}{median_of(ab)})"
+        verdict = decision(ab, fp32, mixed)  # the mixed precision against fp32
+        said, figures = verdict.said(fp32, mixed), f"(median step {in_ms(medians)})"
         if ab.guard_gap > LOSS_TOLERANCE:
             off = "non-finite" if math.isinf(ab.guard_gap) else f"{ab.guard_gap:.1%} off"
             here = ab.local_gap == ab.guard_gap and fp32 in ab.guard
             which = f"fp32: {ab.guard[fp32]:.4g}" if here else "on another rank's batch"
             return Choice(self.name, fp32, f"refused {mixed}: its loss on the first batch is {off} ({which}, "
-                                           f"tolerance {LOSS_TOLERANCE:.0%}) {figures}", medians, losses)
-        if faster(ratio):
-            return Choice(self.name, mixed, f"{ratio:.2f}x fp32's speed here, same-batch loss within "
-                                            f"{LOSS_TOLERANCE:.0%} {figures}", medians, losses)
-        return Choice(self.name, fp32, f"{mixed} was not {WITHIN:.0%} faster than fp32 here ({ratio:.2f}x): "
-                                       f"fp32 kept, it is exact {figures}", medians, losses)
+                                           f"tolerance {LOSS_TOLERANCE:.0%}); {said} {figures}", medians, losses,
+                          verdict)
+        if verdict.faster:
+            return Choice(self.name, mixed, f"{said}, same-batch loss within {LOSS_TOLERANCE:.0%} {figures}",
+                          medians, losses, verdict)
+        return Choice(self.name, fp32, f"{said}: kept {fp32}, it is exact {figures}", medians, losses, verdict)
 
     @staticmethod
     def loss_guard(settings: Settings, ab: PrecisionAB, batch: Any, loss_of: LossOf) -> None:
@@ -192,10 +193,11 @@ class ChannelsLast(Practice[AB]):
     def decide(self, settings: Settings, ab: AB) -> Choice:
         prior, alt = ab.settings
         medians = median_times(ab)
-        ratio = medians[prior] / medians[alt]
-        why = (f"{ratio:.2f}x the speed of {prior} here" if faster(ratio)
-               else f"kept: {alt} ran at {ratio:.2f}x its speed (needs {FASTER:.2f}x)")
-        return Choice(self.name, alt if faster(ratio) else prior, f"{why} ({in_ms(medians)}{median_of(ab)})", medians)
+        verdict = decision(ab, prior, alt)  # the other layout against the prior
+        said, figures = verdict.said(prior, alt), f"(median step {in_ms(medians)})"
+        if verdict.faster:
+            return Choice(self.name, alt, f"{said} {figures}", medians, decision=verdict)
+        return Choice(self.name, prior, f"{said}: kept {prior} {figures}", medians, decision=verdict)
 
 
 def _format(layout: str) -> torch.memory_format:
@@ -214,7 +216,7 @@ class CompileChoice(Choice):
         return {"chosen": self.chosen, "reason": self.reason, "measured": bool(self.step_s),
                 "eager_step_s": self.step_s.get("eager"), "compiled_step_s": self.step_s.get("compiled"),
                 "compile_s": self.compile_s, "recompiles": self.recompiles, "graph_breaks": self.graph_breaks,
-                "recompiles_after": self.recompiles_after}
+                "recompiles_after": self.recompiles_after} | self.ab_json()
 
 
 @dataclass
@@ -249,7 +251,7 @@ class Compile(Practice[CompileAB]):
     def plan(self, settings: Settings, plan: Plan) -> CompileAB | Choice:
         if self.requested is False:
             return self.choice("eager", "compile=False")
-        if plan.fresh and plan.steps >= (plan.queued + 1) * CYCLES:
+        if plan.fresh and plan.steps >= (plan.queued + 1) * MAX_STEPS:  # the A/Bs before it and its own, at most
             return CompileAB((self.prior(settings), "compiled"))
         if self.requested is True:
             return self.choice("compiled", "compile=True; not measured: run too short or resumed")
@@ -290,10 +292,13 @@ class Compile(Practice[CompileAB]):
                              graph_breaks=ab.breaks)
         if ab.compile_error is not None:
             return replace(done, reason=f"compilation failed after {compile_s:.1f} s: {ab.compile_error}")
-        figures = (f"eager {eager * 1e3:.1f} ms vs compiled {compiled * 1e3:.1f} ms per step, compile "
+        verdict = decision(ab, "eager", "compiled")  # the compiled step against eager
+        done = replace(done, decision=verdict)
+        figures = (f"median step eager {eager * 1e3:.1f} ms vs compiled {compiled * 1e3:.1f} ms, compile "
                    f"{compile_s:.1f} s; {ab.recompiles} recompiles, {ab.breaks} graph breaks")
         if self.requested is True:
-            return replace(done, chosen="compiled", reason=f"compile=True ({figures})")
+            return replace(done, chosen="compiled", reason=f"compile=True ({verdict.said('eager', 'compiled')}; "
+                                                           f"{figures})")
         if ab.non_finite:
             why = "the compiled steps' loss was not finite"
         elif ab.recompiles > RECOMPILE_LIMIT:
@@ -301,10 +306,10 @@ class Compile(Practice[CompileAB]):
             why = f"{ab.recompiles} recompiles over {timed} measured compiled steps (limit {RECOMPILE_LIMIT})"
         elif ab.breaks > GRAPH_BREAK_LIMIT:
             why = f"{ab.breaks} graph breaks (limit {GRAPH_BREAK_LIMIT})"
-        elif not faster(eager / compiled):
-            why = f"not {WITHIN:.0%} faster than eager"
+        elif not verdict.faster:
+            why = f"{verdict.said('eager', 'compiled')}: kept eager"
         else:  # the compile time is spent whatever is chosen now: only the steps ahead count
-            return replace(done, chosen="compiled", reason=f"{eager / compiled:.2f}x eager's speed ({figures})")
+            return replace(done, chosen="compiled", reason=f"{verdict.said('eager', 'compiled')} ({figures})")
         return replace(done, reason=f"{why} ({figures})")
 
     def settle(self, settings: Settings, choice: Choice) -> None:

@@ -3,15 +3,20 @@
 Each practice left on "auto" starts from a prior read from the device (bf16 where the chip runs it natively,
 NHWC for conv nets) and is then confirmed by an A/B: two settings alternate over real training steps (both
 train the model, so no step is wasted, and the cost is only what the slower setting loses), each setting's
-first step is discarded as warm-up, and the median of the rest decides. Each practice is one class in
-`trainer/practice_kinds.py` (its prior, plan, apply and decide, and its guards: `Precision`'s loss check, `Compile`'s
-compile step), registered in `PRACTICES` there; this module runs them, knowing none of them by name.
+first step is discarded as warm-up, and then the timed steps come in pairs, one of each setting. After each pair
+from `MIN_PAIRS` on, `trainfast.decide` looks at the pairs; the A/B ends as soon as it is decided (faster, slower
+or the same), or at `MAX_PAIRS` undecided, when the practice keeps its safe setting and says it cannot tell. Each
+practice is one class in `trainer/practice_kinds.py` (its prior, plan, apply and decide, and its guards:
+`Precision`'s loss check, `Compile`'s compile step), registered in `PRACTICES` there; this module runs them, knowing
+none of them by name.
 
-The schedule is fixed: every A/B takes `CYCLES` steps, whatever its timings say. So two runs with the same seed
-whose choices agree train the same steps in the same settings and end bit-identical, and under DDP every rank ends
-each A/B at the same step. Every decision is taken on values all ranks agree on (`agree`: the element-wise max over
-ranks, so a step's time is the slowest rank's, which is the job's, and a flag raised on one rank is raised on all):
-no rank can decide alone and leave the others inside another collective.
+The length of an A/B depends on its timings, so two runs with the same seed train the same steps in the same
+settings, and end bit-identical, when their A/Bs took the same steps and chose the same (each A/B's `steps` is in
+fit's result); a resumed run takes no A/B and trains exactly as its start chose. Every decision is taken on values all
+ranks agree on (`agree`: the element-wise max over ranks, so a step's time is the slowest rank's, which is the job's,
+and a flag raised on one rank is raised on all): each pair's two times are agreed as soon as they are taken, every
+rank decides on the same agreed pairs, so every rank ends each A/B at the same step, and no rank can decide alone and
+leave the others inside another collective.
 """
 
 from __future__ import annotations
@@ -31,16 +36,18 @@ from trainfast.trainer import practice_kinds
 from trainfast.trainer.config import TrainConfig
 from trainfast.trainer.practice import (
     AB,
-    CYCLES,
     FIRST_TIMED,
     LOSS_TOLERANCE,
+    MAX_PAIRS,
+    MAX_STEPS,
+    MIN_PAIRS,
     MIN_RUN_MULTIPLE,
-    TIMED,
     Agree,
     Choice,
     Plan,
     Practice,
     Settings,
+    decision,
 )
 from trainfast.trainer.practice_kinds import GRAPH_BREAK_LIMIT, RECOMPILE_LIMIT
 from trainfast.trainer.step import LossOf
@@ -114,7 +121,7 @@ class Practices(Settings):
         return batch
 
     def end(self, loss: torch.Tensor, *, boundary: bool) -> None:
-        """After a micro-batch: its time (the device synchronised); at a cycle's end, maybe a decision."""
+        """After a micro-batch: its time (the device synchronised); at the end of a timed pair, a look."""
         self._cycle_s += self._clock.elapsed()
         if not boundary:
             return
@@ -125,33 +132,38 @@ class Practices(Settings):
                 ab.losses.append(float(loss.detach().float()))
         practice.after_cycle(ab)
         ab.cycle += 1
-        if ab.cycle == CYCLES:
-            self._finish()
+        if ab.cycle > FIRST_TIMED and (ab.cycle - FIRST_TIMED) % 2 == 0:  # a pair timed: one step of each setting
+            self._look(practice, ab)
 
-    def _finish(self) -> None:
-        """The A/B at the head of the queue decides, on figures every rank agrees on; the next one starts."""
+    def _look(self, practice: Practice[Any], ab: AB) -> None:
+        """The pair just timed, as every rank agrees it (each time the slowest rank's: a DDP step waits for every rank,
+        so that is the job's step time), with the practice's own `figures` (a flag raised where any rank raised it):
+        one collective per pair, on every rank alike. From `MIN_PAIRS` pairs on, the decision on the agreed pairs:
+        every rank computes it from the same numbers, so every rank ends the A/B at this same step, or none does."""
+        local = [ab.times[name][-1] for name in ab.settings]
+        agreed = self.agree([*local, *practice.figures(ab)])
+        ab.pairs.append((agreed[0], agreed[1]))
+        if len(ab.pairs) >= MAX_PAIRS or (len(ab.pairs) >= MIN_PAIRS
+                                          and decision(replace(ab, times=ab.agreed_times()), *ab.settings).decided):
+            self._finish(agreed[2:])
+
+    def _finish(self, figures: list[float] | None = None) -> None:
+        """The A/B at the head of the queue decides, on figures every rank agrees on; the next one starts. `figures`:
+        the practice's own, as agreed with the last pair (None: a guard ended the A/B at a cycle's start, and they are
+        agreed now, on every rank at the same cycle, since the guard's outcome is agreed)."""
         practice, ab = self._queue.pop(0)
-        choice = practice.decide(self, self._agreed(practice, ab))
+        if figures is None:
+            own = practice.figures(ab)
+            figures = self.agree(own) if own else []
+        decided: AB = practice.agreed(replace(ab, times=ab.agreed_times()), figures)
+        choice = replace(practice.decide(self, decided), steps=ab.cycle, pairs=len(ab.pairs))
         self._settle(practice, choice)
-        log.info("%s=%s: %s", choice.practice, choice.chosen, choice.reason)
+        log.info("%s=%s after %d A/B steps: %s", choice.practice, choice.chosen, choice.steps, choice.reason)
         if self._queue:
             practice, ab = self._queue[0]
             practice.apply(self, ab.setting())
         else:
             self.on_settled()
-
-    def _agreed(self, practice: Practice[Any], ab: AB) -> AB:
-        """`ab` with the figures all ranks decide on: each timed step the slowest rank's (a DDP step waits for every
-        rank, so that is the job's step time), then the practice's own `figures` (a flag raised where any rank raised
-        it). The fixed schedule gives every rank as many timings, and the same practice as many figures, so the values
-        line up."""
-        timed = [ab.times.get(name, []) for name in ab.settings]
-        agreed = self.agree([*timed[0], *timed[1], *practice.figures(ab)])
-        n0, n1 = len(timed[0]), len(timed[0]) + len(timed[1])
-        times = {name: values for name, values in zip(ab.settings, (agreed[:n0], agreed[n0:n1]), strict=True)
-                 if values}
-        decided: AB = practice.agreed(replace(ab, times=times), agreed[n1:])
-        return decided
 
     def _settle(self, practice: Practice[Any], choice: Choice) -> None:
         self.choices[practice.name] = choice
@@ -168,6 +180,10 @@ class Practices(Settings):
     def to_json(self) -> dict[str, Any]:
         return {name: choice.to_json() for name, choice in self.choices.items()}
 
+    def ab_steps(self) -> dict[str, int]:
+        """The optimizer steps each practice's A/B took (0: it took none)."""
+        return {name: choice.steps for name, choice in self.choices.items()}
 
-__all__ = ["CYCLES", "GRAPH_BREAK_LIMIT", "LOSS_TOLERANCE", "MIN_RUN_MULTIPLE", "RECOMPILE_LIMIT", "TIMED", "Choice",
-           "Practices"]
+
+__all__ = ["GRAPH_BREAK_LIMIT", "LOSS_TOLERANCE", "MAX_PAIRS", "MAX_STEPS", "MIN_PAIRS", "MIN_RUN_MULTIPLE",
+           "RECOMPILE_LIMIT", "Choice", "Practices"]

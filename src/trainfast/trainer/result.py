@@ -21,12 +21,15 @@ class FitResult:
     wall_s: float
     monitor: dict[str, Any] | None = None  # metric -> {mean, p5, p95, ...} when TrainConfig(monitor=True)
     loss_scale: float | None = None  # the fp16 loss scale at the end; None without loss scaling
-    # How each practice was chosen: {chosen, reason, measured, figures} (see trainer/practices.py)
+    # How each practice was chosen: {chosen, reason, measured, figures, steps, pairs, decision} (trainer/practices.py)
     precision: dict[str, Any] | None = None
     channels_last: dict[str, Any] | None = None
     compile: dict[str, Any] | None = None
     # Any practice registered beyond these three (trainer/practice_kinds.py): its block by name, in the JSON beside them
     other_practices: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Optimizer steps each practice's A/B took, by name (0: none ran); each ends when decided, so this varies by run.
+    # Also each block's `steps`, beside its `pairs` and `decision`
+    ab_steps: dict[str, int] = field(default_factory=dict)
     # Model FLOPs utilisation of the timed steps on one device (trainfast/flops.py), None with `mfu_reason`
     mfu: float | None = None
     mfu_reason: str | None = None
@@ -50,5 +53,5 @@ class FitResult:
                "compile": self.compile, "mfu": self.mfu, "mfu_reason": self.mfu_reason,
                "flops_per_step": self.flops_per_step, "peak_flops_per_s": self.peak_flops_per_s,
                "peak_source": self.peak_source, "checkpoint_blocked_s": self.checkpoint_blocked_s,
-               "checkpoint_write_s": self.checkpoint_write_s, "whole_run": self.whole_run}
+               "checkpoint_write_s": self.checkpoint_write_s, "whole_run": self.whole_run, "ab_steps": self.ab_steps}
         return out | self.other_practices | ({"monitor": self.monitor} if self.monitor is not None else {})

@@ -23,6 +23,7 @@ from trainfast.bench.sweeps import BenchSpec, run_bench
 from trainfast.bench.tables import versus_line
 
 FAKE_CUDA = torch.device("cuda", 3)
+AB_STEPS = {"precision": 6, "channels_last": 10, "compile": 0}  # what the faked Trainer's A/Bs took, of its 40 steps
 SPEC = replace(QUICK, epochs=1, batch_size=16, image_size=16)
 
 
@@ -48,8 +49,8 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch, tiny_images: Path) -> dict[str, l
             seen["trainer"].append(config.device)
 
         def fit(self, *args: Any) -> Any:
-            return SimpleNamespace(samples_per_s=250.0, data_wait_fraction=0.1, steps=5, final_loss=1.0,
-                                   val_accuracy=0.6, wall_s=1.0)
+            return SimpleNamespace(samples_per_s=250.0, data_wait_fraction=0.1, steps=40, final_loss=1.0,
+                                   val_accuracy=0.6, wall_s=1.0, ab_steps=AB_STEPS)
 
     def make_loader(*args: Any, **kwargs: Any) -> object:
         seen["loaders"].append(kwargs.get("device", "auto"))
@@ -72,6 +73,9 @@ def test_demo_runs_the_naive_side_on_the_trainfast_sides_device(fake_cuda: dict[
         assert all(key in r for r in report["runs"])
     assert report["speedup"] == pytest.approx(2.5)
     assert "cuda:3" in out.getvalue()  # the table's device column
+    assert report["ab_steps"] == report["runs"][1]["ab_steps"] == AB_STEPS and "ab_steps" not in report["runs"][0]
+    assert report["ab_share"] == pytest.approx(16 / 40)
+    assert "A/Bs: precision 6 + channels_last 10 = 16 of 40 steps (40%)" in out.getvalue()  # (the A/Bs that ran)
 
 
 def test_bench_runs_both_sides_on_the_bench_device(fake_cuda: dict[str, list[Any]], tiny_images: Path,

@@ -16,15 +16,25 @@ import torch
 from torch import nn
 
 from trainfast.loader.memory import TensorLoader
-from trainfast.decide import faster
 from trainfast.trainer import practice_kinds
 from trainfast.trainer.config import TrainConfig
 from trainfast.trainer.loop import Trainer
-from trainfast.trainer.practice import AB, CYCLES, Choice, Plan, Practice, Settings, median_times
+from trainfast.trainer.practice import (
+    AB,
+    FIRST_TIMED,
+    MIN_PAIRS,
+    Choice,
+    Plan,
+    Practice,
+    Settings,
+    decision,
+    median_times,
+)
 from trainfast.trainer.step import LossOf
 
 DELAY_S = 0.05  # a napping step's extra time: far above a busy 2-core CPU's step-to-step noise (15 ms was not)
-STEPS = 30  # per epoch: over MIN_RUN_MULTIPLE x CYCLES, so the A/B runs
+BASE_S = 0.01  # every step's floor: an awake step of a bare Linear took ~1 ms, stretched several times over by load
+STEPS = 30  # per epoch: MIN_RUN_MULTIPLE x MAX_STEPS (an A/B's budget), so the A/B runs
 
 
 class Napper(nn.Module):
@@ -34,8 +44,8 @@ class Napper(nn.Module):
         self.napping = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.napping and self.training:
-            time.sleep(DELAY_S)
+        if self.training:
+            time.sleep(BASE_S + DELAY_S * self.napping)
         out: torch.Tensor = self.body(x)
         return out
 
@@ -77,9 +87,9 @@ class Nap(Practice[NapAB]):
         return replace(ab, started_everywhere=int(values[0]))
 
     def decide(self, settings: Settings, ab: NapAB) -> Choice:
-        medians = median_times(ab)
-        woke = faster(medians["napping"] / medians["awake"])
-        return Choice(self.name, "awake" if woke else "napping", f"{ab.started_everywhere} cycles", medians)
+        verdict = decision(ab, "napping", "awake")
+        return Choice(self.name, "awake" if verdict.faster else "napping", f"{ab.started_everywhere} cycles",
+                      median_times(ab), decision=verdict)
 
 
 def _napper(settings: Settings) -> Napper:
@@ -102,7 +112,10 @@ def test_a_practice_is_one_class_and_one_registration(monkeypatch: pytest.Monkey
     nap = result["nap"]
     assert nap["chosen"] == "awake" and nap["measured"] is True, nap["reason"]
     assert nap["step_s"]["napping"] - nap["step_s"]["awake"] > 0.5 * DELAY_S
-    assert nap["reason"] == f"{CYCLES} cycles"  # its hook ran at every cycle's start, its figure agreed
+    assert nap["reason"] == f"{nap['steps']} cycles"  # its hook ran at every cycle's start, its figure agreed
+    # 50 ms a step against none: decided at the first look, and fit's result says so
+    assert nap["steps"] == FIRST_TIMED + 2 * MIN_PAIRS and nap["decision"]["verdict"] == "faster"
+    assert result["ab_steps"]["nap"] == nap["steps"]
     assert model.napping is False  # applied: the rest of the run trains awake
     assert result["compile"]["reason"] == "compile=False"  # the practices before it as they were
 

@@ -13,9 +13,8 @@ from torch import nn
 from trainfast.loader.memory import TensorLoader
 from trainfast.trainer.config import TrainConfig
 from trainfast.trainer.loop import Trainer
-from trainfast.trainer.practices import CYCLES
 
-STEPS = 32  # over MIN_RUN_MULTIPLE x CYCLES: the layout A/B runs
+STEPS = 32  # over MIN_RUN_MULTIPLE x MAX_STEPS (3 x 10): the layout A/B runs
 
 
 def conv_net() -> nn.Module:
@@ -74,6 +73,6 @@ def test_a_fused_optimizer_never_steps_with_a_moment_in_another_layout() -> None
 def test_fused_and_plain_adamw_give_the_same_weights_through_the_layout_ab() -> None:
     fused, result = train(fused=True, checked=False)  # CPU's fused kernel updates whatever it is given
     plain, _ = train(fused=False, checked=False)
-    assert result["steps"] >= CYCLES
+    assert result["channels_last"]["steps"] > 0  # the A/B ran: both layouts were trained in
     for a, b in zip(fused.parameters(), plain.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -2,8 +2,9 @@
 practices of trainer/practice_kinds.py).
 
 The models here sleep in one setting, so each A/B has a known answer on any CPU; torch.compile is faked where a
-test is about the decision rather than inductor. They train on one intra-op thread (`one_intra_op_thread`): on two,
-with other processes busy on both cores, a step of these tiny models took ~0.1 s and varied by more than the sleep.
+test is about the decision rather than inductor, and the A/Bs' clock (`FakeClock`) where a test is about when an A/B
+stops. They train on one intra-op thread (`one_intra_op_thread`): on two, with other processes busy on both cores, a
+step of these tiny models took ~0.1 s and varied by more than the sleep.
 """
 
 from __future__ import annotations
@@ -23,9 +24,13 @@ from trainfast.precision import cpufeatures
 from trainfast.trainer import practice_kinds, practices
 from trainfast.trainer.config import TrainConfig
 from trainfast.trainer.loop import Trainer
-from trainfast.trainer.practices import CYCLES, MIN_RUN_MULTIPLE
+from trainfast.trainer.practice import AB, FIRST_TIMED
+from trainfast.trainer.practices import MAX_PAIRS, MAX_STEPS, MIN_PAIRS, MIN_RUN_MULTIPLE
 
 DELAY_S = 0.015  # the slow setting's extra time per step: far above a 2-core CPU's step-to-step noise on one thread
+# every training forward's floor: the fast setting's step is then not a millisecond that a busy core stretches several
+# times over (an A/B decides on pairs that agree; two pairs 1.6x apart need a 2x gap at the first look)
+BASE_S = 0.005
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
@@ -40,6 +45,8 @@ class Sleepy(nn.Module):
         self.slow, self.shift, self.fast = slow, shift, False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and torch.is_grad_enabled():
+            time.sleep(BASE_S)
         if self.slow(self, x):
             time.sleep(DELAY_S)
         out: torch.Tensor = self.head(self.conv(x).mean(dim=(2, 3)))
@@ -82,6 +89,35 @@ def fit(model: nn.Module, steps: int = 30, **settings: object) -> dict[str, obje
     return Trainer(model, config=config).fit(loader(steps)).to_json()
 
 
+class FakeClock:
+    """The A/Bs' clock (a `DeviceClock` in `Practices`), faked: each micro-batch takes `seconds(practices)`, from the
+    settings as they stand, so an A/B's timings are exact on any CPU, however busy."""
+
+    def __init__(self, practices: practices.Practices, seconds: Callable[[practices.Practices], float]) -> None:
+        self.practices, self.seconds = practices, seconds
+
+    def start(self) -> None:
+        pass
+
+    def elapsed(self) -> float:
+        return self.seconds(self.practices)
+
+
+def fit_timed(monkeypatch: pytest.MonkeyPatch, seconds: Callable[[practices.Practices], float], steps: int = 30,
+              **settings: object) -> dict[str, object]:
+    """`fit` with the A/Bs timed by `FakeClock(seconds)`."""
+    config = TrainConfig(**{"epochs": 1, "progress": False, "device": "cpu", "lr": 1e-3, **settings})  # type: ignore[arg-type]
+    trainer = Trainer(Sleepy(), config=config)
+    monkeypatch.setattr(trainer.practices, "_clock", FakeClock(trainer.practices, seconds))
+    return trainer.fit(loader(steps)).to_json()
+
+
+def practice_block(result: dict[str, object], name: str) -> dict[str, object]:
+    out = result[name]
+    assert isinstance(out, dict)
+    return out
+
+
 @pytest.mark.parametrize(("slow", "chosen"), [(fp32_slow, "bf16-mixed"), (bf16_slow, "32-true")])
 def test_precision_ab_keeps_the_faster(native_bf16: None, slow: Callable[[Sleepy, torch.Tensor], bool],
                                        chosen: str) -> None:
@@ -94,19 +130,91 @@ def test_precision_ab_keeps_the_faster(native_bf16: None, slow: Callable[[Sleepy
     loser = "32-true" if chosen == "bf16-mixed" else "bf16-mixed"
     assert step_s[loser] - step_s[chosen] > 0.5 * DELAY_S
     assert set(precision["loss"]) == {"bf16-mixed", "32-true"}
-    assert "median of 3" in precision["reason"]  # a fixed schedule: three timed steps each, whatever they show
+    decision = precision["decision"]
+    assert decision["verdict"] == ("faster" if chosen == "bf16-mixed" else "slower")  # bf16 against fp32
+    assert precision["pairs"] == decision["pairs"] + decision["set_aside"]  # (a stalled pair is set aside)
+    assert precision["steps"] == FIRST_TIMED + 2 * precision["pairs"] <= MAX_STEPS
+    assert f", {decision['pairs']} pair" in precision["reason"]  # the pairs it decided on
 
 
-@pytest.mark.parametrize(("fp32_s", "chosen"), [(0.1020, "32-true"), (0.1040, "bf16-mixed")])
-def test_a_precision_within_the_margin_keeps_fp32(native_bf16: None, fp32_s: float, chosen: str) -> None:
-    """bf16 at 0.100 s a step: 2 % faster than fp32 is within the 3 % margin (fp32 kept: it is exact), 4 % is not."""
-    ab = practice_kinds.PrecisionAB(("bf16-mixed", "32-true"), times={"bf16-mixed": [0.1, 0.1, 0.1],
-                                                                    "32-true": [fp32_s] * 3},
+def precision_decision(fp32_s: float, pairs: int) -> practices.Choice:
+    """The precision practice's choice from `pairs` pairs of exact step times: bf16 at 0.100 s, fp32 at `fp32_s`."""
+    ab = practice_kinds.PrecisionAB(("bf16-mixed", "32-true"), times={"bf16-mixed": [0.1] * pairs,
+                                                                    "32-true": [fp32_s] * pairs},
                                     guard={"bf16-mixed": 2.30, "32-true": 2.31})
     trainer = Trainer(Sleepy(), config=TrainConfig(device="cpu", progress=False))
-    choice = practice_kinds.Precision(trainer.config).decide(trainer.practices, ab)
-    assert choice.chosen == chosen, choice.reason
-    assert choice.step_s == {"bf16-mixed": 0.1, "32-true": fp32_s} and choice.loss == ab.guard
+    return practice_kinds.Precision(trainer.config).decide(trainer.practices, ab)
+
+
+@pytest.mark.parametrize(("fp32_s", "chosen", "said"), [
+    (0.102, "32-true", "cannot tell bf16-mixed from 32-true at 1.03x"),  # 2 %: within the margin, and the noise
+    (0.104, "32-true", "cannot tell bf16-mixed from 32-true at 1.03x"),  # 4 %: beyond the margin, within the noise
+    (0.130, "bf16-mixed", "bf16-mixed is faster than 32-true: 1.30x"),
+    (0.080, "32-true", "bf16-mixed is slower than 32-true: 0.80x")])
+def test_a_mixed_precision_is_kept_only_when_told_faster_than_fp32(native_bf16: None, fp32_s: float, chosen: str,
+                                                                     said: str) -> None:
+    """bf16 at 0.100 s a step over the A/B's budget of pairs: a 2 % or 4 % gain is within what 4 pairs of steps ~5 %
+    apart can tell (fp32 kept: it is exact), 1.3x is not."""
+    choice = precision_decision(fp32_s, MAX_PAIRS)
+    assert choice.chosen == chosen and choice.reason.startswith(said), choice.reason
+    assert (chosen == "32-true") is ("kept 32-true" in choice.reason)
+    assert choice.step_s == {"bf16-mixed": 0.1, "32-true": fp32_s} and choice.loss == {"bf16-mixed": 2.30,
+                                                                                        "32-true": 2.31}
+    assert choice.decision is not None and choice.decision.pairs == MAX_PAIRS
+
+
+def test_a_precision_within_the_margin_says_the_same_and_keeps_fp32(native_bf16: None) -> None:
+    """"Same" needs the interval inside 1.03x either way: at the steps' noise prior (~5 %) that takes 9 or more pairs
+    even of identical steps, so the Trainer's A/B (at most `MAX_PAIRS`, 4) never reaches it and says it cannot tell;
+    the practice's answer to "same" is fp32 all the same, as here from 12 pairs 0.5 % apart."""
+    choice = precision_decision(0.0995, 12)
+    assert choice.decision is not None and choice.decision.verdict == "same"
+    assert choice.chosen == "32-true", choice.reason
+    assert choice.reason.startswith("bf16-mixed is within 1.03x of 32-true: 1.00x") and "kept 32-true" in choice.reason
+    within_budget = precision_decision(0.0995, MAX_PAIRS).decision
+    assert within_budget is not None and within_budget.verdict == "inconclusive"
+
+
+def test_a_wide_gap_ends_the_ab_at_the_first_look(native_bf16: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp32 3x slower than bf16: decided after `MIN_PAIRS` timed pairs, 6 steps (the fixed schedule took 8 whatever
+    the gap); the run trains on in bf16, and fit's result says how many steps each A/B took."""
+    result = fit_timed(monkeypatch, lambda p: 0.03 if p.precision.name == "32-true" else 0.01, channels_last=False)
+    precision = practice_block(result, "precision")
+    assert precision["chosen"] == "bf16-mixed", precision["reason"]
+    assert precision["pairs"] == MIN_PAIRS and precision["steps"] == FIRST_TIMED + 2 * MIN_PAIRS == 6
+    assert precision["decision"]["verdict"] == "faster" and precision["decision"]["ratio"] == pytest.approx(3.0)
+    assert precision["reason"].startswith("bf16-mixed is faster than 32-true: 3.00x (") and "2 pairs)" in \
+        precision["reason"]
+    assert precision["step_s"] == {"bf16-mixed": 0.01, "32-true": 0.03}
+    assert result["ab_steps"] == {"precision": 6, "channels_last": 0, "compile": 0}
+    assert result["steps"] == 30
+
+
+def test_no_difference_runs_to_the_budget_and_keeps_the_safe_settings(native_bf16: None,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every step the same 20 ms: neither A/B can tell its settings apart, so each runs its `MAX_PAIRS` pairs (10
+    steps) and keeps the safe setting: fp32 (exact), and the prior layout."""
+    result = fit_timed(monkeypatch, lambda p: 0.02)
+    precision, layout = practice_block(result, "precision"), practice_block(result, "channels_last")
+    assert precision["chosen"] == "32-true" and layout["chosen"] == "channels_last"
+    for ab in (precision, layout):
+        assert ab["measured"] is True and ab["steps"] == MAX_STEPS == 10 and ab["pairs"] == MAX_PAIRS
+        assert ab["decision"]["verdict"] == "inconclusive"
+    assert precision["reason"].startswith("cannot tell bf16-mixed from 32-true at 1.03x") and \
+        "kept 32-true" in precision["reason"]
+    assert layout["reason"].startswith("cannot tell contiguous from channels_last at 1.03x") and \
+        "kept channels_last" in layout["reason"]
+    assert result["ab_steps"] == {"precision": 10, "channels_last": 10, "compile": 0} and result["steps"] == 30
+
+
+def test_the_pairs_alternate_their_order_after_the_warm_ups() -> None:
+    """Warm-ups prior then alternative, then pairs A B, B A, A B, B A: a drift from step to step favours neither."""
+    ab = AB(("a", "b"))
+    order = []
+    for cycle in range(MAX_STEPS):
+        ab.cycle = cycle
+        order.append(ab.setting())
+    assert "".join(order) == "ab" + "ab" + "ba" + "ab" + "ba"
 
 
 def test_a_precision_that_changes_the_loss_is_refused_however_fast(native_bf16: None) -> None:
@@ -143,7 +251,7 @@ def test_the_loss_guard_leaves_no_trace(native_bf16: None) -> None:
 
 
 def test_a_short_run_keeps_the_prior_and_says_why(native_bf16: None) -> None:
-    steps = MIN_RUN_MULTIPLE * CYCLES - 1
+    steps = MIN_RUN_MULTIPLE * MAX_STEPS - 1
     result = fit(Sleepy(bf16_slow), steps=steps)
     precision, layout = result["precision"], result["channels_last"]
     assert isinstance(precision, dict) and isinstance(layout, dict)
@@ -220,10 +328,10 @@ def test_a_faster_compiled_step_is_kept_however_long_its_compile_took(monkeypatc
     def slow_compile(self: practice_kinds.Compile, settings: practices.Practices, ab: practice_kinds.CompileAB,
                      batch: object, loss_of: object) -> None:
         original(self, settings, ab, batch, loss_of)  # type: ignore[arg-type]
-        ab.compile_s += 60.0  # as if inductor took a minute: the 16 steps left at 15 ms saved never repay it
+        ab.compile_s += 60.0  # as if inductor took a minute: the ~24 steps left at 15 ms saved never repay it
 
     monkeypatch.setattr(practice_kinds.Compile, "compile_step", slow_compile)
-    block = compile_block(fit(Sleepy(eager_slow), steps=MIN_RUN_MULTIPLE * CYCLES, precision="32-true",
+    block = compile_block(fit(Sleepy(eager_slow), steps=MIN_RUN_MULTIPLE * MAX_STEPS, precision="32-true",
                               channels_last=False, compile="auto"))
     assert block["chosen"] == "compiled", block["reason"]
     assert block["compile_s"] > 59  # type: ignore[operator]
@@ -298,24 +406,28 @@ def test_a_resumed_run_trains_with_what_its_start_chose(native_bf16: None, tmp_p
 
 def test_every_rank_decides_on_the_slowest_rank_s_step_times(native_bf16: None,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each rank times its own steps; all decide on the agreed figures (each the max over ranks). Here another rank's
-    bf16 steps are faked as 0.1 s slower: this rank, where bf16 is the faster, keeps fp32 as every rank does."""
-    trainer = Trainer(Sleepy(fp32_slow), config=TrainConfig(epochs=1, progress=False, device="cpu",
-                                                             channels_last=False))
+    """Each rank times its own steps; all decide on the agreed figures (each the max over ranks), pair by pair. Here
+    this rank's steps all take 20 ms (alone, it would run to its budget, unable to tell), and another rank's bf16
+    steps are faked as 0.1 s slower: every rank sees bf16 5x slower in the agreed pairs, ends the A/B at the first
+    look and keeps fp32."""
+    trainer = Trainer(Sleepy(), config=TrainConfig(epochs=1, progress=False, device="cpu", channels_last=False))
+    monkeypatch.setattr(trainer.practices, "_clock", FakeClock(trainer.practices, lambda p: 0.02))
     calls: list[int] = []
 
     def other_rank_slower_in_bf16(values: list[float], device: torch.device) -> list[float]:
         calls.append(len(values))
-        if len(values) < 2 * practices.TIMED:
+        if len(values) != 4:  # the plan's length and the loss guard's flag: one value each
             return values
-        bf16 = [v + 0.1 for v in values[:practices.TIMED]]  # the prior's (bf16's) timings come first
-        return [*bf16, *values[practices.TIMED:]]
+        bf16, fp32, gap, oom = values  # a pair (the prior's time first) and the practice's figures
+        return [bf16 + 0.1, fp32, gap, oom]
 
     monkeypatch.setattr("trainfast.trainer.loop.all_max", other_rank_slower_in_bf16)
     result = trainer.fit(loader(30))
     assert result.precision is not None and result.precision["chosen"] == "32-true", result.precision
+    assert result.precision["steps"] == FIRST_TIMED + 2 * MIN_PAIRS and result.ab_steps["precision"] == 6
+    assert result.precision["step_s"] == {"bf16-mixed": pytest.approx(0.12), "32-true": pytest.approx(0.02)}
     assert trainer.precision.name == "32-true"
-    assert calls[0] == 1 and calls[-1] >= 2 * practices.TIMED  # the plan's length, the guard, the decision
+    assert calls == [1, 1, *[4] * MIN_PAIRS]  # the plan's length, the guard, one collective per timed pair
 
 
 def test_a_failed_compile_reports_the_eager_step_its_preceding_ab_measured(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -408,6 +520,6 @@ def test_inputs_follow_a_layout_decided_within_the_epoch(monkeypatch: pytest.Mon
 
     config = TrainConfig(epochs=1, progress=False, device="cpu", precision="32-true", channels_last="auto")
     trainer = Trainer(Records(), config=config)
-    trainer.fit(loader(30))
+    steps = trainer.fit(loader(30)).ab_steps["channels_last"]
     assert trainer.channels_last is False and len(seen) == 30
-    assert all(seen[CYCLES:]), seen
+    assert 0 < steps <= MAX_STEPS and not all(seen[:steps]) and all(seen[steps:]), (steps, seen)
