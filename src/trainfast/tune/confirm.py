@@ -2,12 +2,12 @@
 
 The search ranks many configurations on short trials, so its best is the best of several noisy estimates and reads
 high; a configuration that oversubscribes the cores can also look fine for a few dozen batches and then train at half
-the speed. So the choice is measured once more beside `make_loader`'s "auto" plan, in rounds that each run both (in alternating
-order, each with a fresh loader, as a training run starts): `FIRST` rounds, then one more at a time up to `ROUNDS`
-until the one decision (`trainfast.decide`, each round a pair, the noise of in-process measurements) can tell. The
-choice is kept only when it is decided faster: at least `FASTER` (1.03x) with its interval clear of no gain.
-Otherwise (slower, the same, or cannot tell within `ROUNDS`) "auto" is what `workers="tuned"` gets, and the record
-says why, with both rates and the interval.
+the speed. So the choice is measured once more beside `make_loader`'s "auto" plan, in rounds
+that each run both (in alternating order, each with a fresh loader, as a training run starts): `FIRST` rounds, then
+one more at a time up to `ROUNDS`, until the one decision (`trainfast.decide`: each round a pair, at the noise of
+measurements inside one process) can tell. The choice is kept only when decided faster: at least `FASTER` (1.03x)
+with its interval clear of no gain. Otherwise (slower, the same, or cannot tell within `ROUNDS`) "auto" is what
+`workers="tuned"` gets, and the record says why, with both rates and the interval.
 """
 
 from __future__ import annotations

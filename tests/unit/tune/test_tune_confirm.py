@@ -1,5 +1,5 @@
-"""The search's choice against "auto": interleaved rounds until decided, kept only when decided faster, the evidence cached and printed;
-a configuration with more busy threads than CPUs only where it clearly pays."""
+"""The search's choice against "auto": interleaved rounds until decided, kept only when decided faster, the
+evidence cached and printed; a configuration with more busy threads than CPUs only where it clearly pays."""
 
 from __future__ import annotations
 
