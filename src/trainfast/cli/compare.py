@@ -292,7 +292,11 @@ def render_table(comparison: Comparison, base: list[Path], new: list[Path]) -> T
     units = "steps" if comparison.kind == WINDOW else "throughput intervals"
     kind = "window reports" if comparison.kind == WINDOW else "whole-run reports"
     runs = comparison.runs
-    caption = (f"change: NEW vs BASE, with its {CONFIDENCE * 100:.0f} % interval from {comparison.units[0]} and "
+    between = ("one run a side: the drift a run here can have, "
+               f"±{(drift_bound() - 1) * 100:.0f} %" if runs == (1, 1) else
+               f"the spread between {'the pairs of' if comparison.paired else 'the'} {runs[0]} and {runs[1]} runs")
+    caption = (f"change: NEW vs BASE; {comparison.measure.name}: the decision's {DECISION_CONFIDENCE:.0%} interval "
+               f"({between});\nthe rest: {CONFIDENCE * 100:.0f} % intervals from {comparison.units[0]} and "
                f"{comparison.units[1]} {units}")
     if runs != (1, 1):
         spread = ", ".join(f"{side} {pct:.1f} %" for side, pct in zip(("BASE", "NEW"), comparison.run_spread_pct,
