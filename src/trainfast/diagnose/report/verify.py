@@ -34,7 +34,6 @@ from typing import Any
 
 import torch
 
-from trainfast.decide import FASTER
 from trainfast.diagnose.capture.inject import check_overrides, merge_overrides
 from trainfast.diagnose.capture.stop import launched_ranks
 from trainfast.diagnose.fixes.rule import rank
@@ -42,6 +41,7 @@ from trainfast.diagnose.records.findings import Recommendation
 from trainfast.diagnose.report.report import Report
 from trainfast.diagnose.report.verify_runs import child_env, run_child
 from trainfast.loader.auto import batches_in_flight
+from trainfast.decide import FASTER
 
 log = logging.getLogger("trainfast.diagnose")
 

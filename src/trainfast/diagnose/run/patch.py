@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trainfast.decide import FASTER
 from trainfast.diagnose.capture.inject import LOADER_KEYS
 from trainfast.diagnose.show.patch import KeywordEdit, KeywordPatch, keyword_patch
+from trainfast.decide import FASTER
 
 
 def report_patch(report: Mapping[str, Any], *, root: Path) -> tuple[KeywordPatch, list[str]]:
