@@ -5,7 +5,8 @@ Every caller that chooses between two settings by measuring them decides here: `
 `compare` (reports, and `--runs`), the Trainer's practices, the tuner's confirmation, the loader probe where it
 compares two settings, the FSDP2 trial. Nothing else decides faster or slower by a rule of its own.
 
-The samples. A and B are measured in turn, interleaved A B B A A B ... (the second of a pair inherits a warmer cache
+The samples. A and B are measured in turn, interleaved A B B A A B ... (the second of a pair inherits a warmer
+cache
 and a hotter core, so the order alternates), and each adjacent (A, B) is a pair: its log ratio log(B / A) cancels
 the drift the two share. What one pair cannot cancel, the machine's swing from one run to the next, is the spread
 *between* pairs, and that is the spread the interval is made of: a run's own steps know nothing of it.
@@ -15,9 +16,9 @@ size). Its standard error is s * sqrt(pi / 2) / sqrt(n) (the median's, under nor
 where median and mean agree), with s the pairs' spread pooled with a prior, the noise this kind of measurement has
 on this machine class (`Noise`: an sd and a weight in pairs): s^2 = (w * prior^2 + (n - 1) * sd^2) / (w + n - 1),
 on w + n - 1 degrees of freedom. The prior keeps two pairs that happen to agree from claiming a tight interval; as
-pairs arrive, their own spread takes over. The interval is Student's t on those degrees of freedom at
-`CONFIDENCE` (two-sided, 96 %), split over the looks a sequential rule takes (Bonferroni: each look at 1 - (1 - c) / looks,
-so that stopping at the first decided look keeps the error rate).
+pairs arrive, their own spread takes over. The interval is Student's t on those degrees of freedom at `CONFIDENCE`
+(two-sided, 96 %), split over the looks a sequential rule takes (Bonferroni: each look at 1 - (1 - c) / looks, so
+that stopping at the first decided look keeps the error rate).
 
 The decision, against a threshold T (a ratio >= 1: "3 % faster" is 1.03):
 - faster: B's speed is significantly above A's (the interval's low end above 1) and the estimate is at least T;
@@ -167,23 +168,46 @@ def decide(a: Sequence[float], b: Sequence[float], *, threshold: float = FASTER,
         nulls = [math.log(y / x) for x, y in null_pairs if x > 0 and y > 0]
         sd, df = _pooled([logs], noise.sd, noise.weight, known_zero=nulls)
         se = sd * _median_factor(n) / math.sqrt(n)
-        se_of: Callable[[int], float] = lambda k: sd * _median_factor(k) / math.sqrt(k)
-        df_of: Callable[[int], float] = lambda k: noise.weight + len(nulls) + k - 1
+        df_per_pair, df_first = 1, noise.weight + len(nulls)
     else:
         la, lb = [math.log(x) for x in a], [math.log(y) for y in b]
         n = min(len(la), len(lb))
         centre = statistics.median(lb) - statistics.median(la)
         # a run's own spread is a pair's over sqrt(2): a pair is the difference of two runs
         sd, df = _pooled([la, lb], noise.sd / math.sqrt(2), noise.weight)
-        se = sd * math.hypot(_median_factor(len(la)) / math.sqrt(len(la)), _median_factor(len(lb)) / math.sqrt(len(lb)))
+        se = sd * math.hypot(*(_median_factor(len(x)) / math.sqrt(len(x)) for x in (la, lb)))
         sd *= math.sqrt(2)
-        se_of = lambda k: sd * _median_factor(k) / math.sqrt(k)
-        df_of = lambda k: noise.weight + 2 * k - 2
+        df_per_pair, df_first = 2, noise.weight
     half = t_quantile(level, df) * se
     low, high = math.exp(centre - half), math.exp(centre + half)
     ratio = math.exp(centre)
     return Decision(ratio, low, high, n, threshold, _verdict(ratio, low, high, threshold), math.exp(half),
-                    _needed(threshold, se_of, df_of, level), confidence, sd, aside)
+                    _needed(threshold, sd, df_first, df_per_pair, level), confidence, sd, aside)
+
+
+# d2(n): the expected range of n draws of a unit normal (the range method of estimating a spread: sd = range / d2)
+_RANGE_D2 = (0.0, 0.0, 1.128, 1.693, 2.059, 2.326, 2.534, 2.704, 2.847, 2.970, 3.078, 3.173, 3.258)
+
+
+def decide_rounds(median: float, low: float, high: float, rounds: int, *, threshold: float = FASTER,
+                  noise: Noise = STEP_NOISE, looks: int = 1, confidence: float = CONFIDENCE) -> Decision:
+    """B against A from the summary a trial keeps of its rounds (each a pair): the median of the rounds' ratios
+    (B's speed over A's) and their smallest and largest. The spread is the range's (range / d2(n), the range method),
+    pooled with the prior as in `decide`; the rest is `decide`'s rule. For a record that keeps no rounds one by one
+    (the doctor's trials, the FSDP2 trial)."""
+    if rounds < 1 or not 0 < low <= median <= high:
+        raise ValueError(f"median={median!r}, low={low!r}, high={high!r} over {rounds} rounds: give low <= median "
+                         "<= high, all > 0, and 1 or more rounds")
+    level = 1 - (1 - confidence) / (2 * max(1, looks))
+    d2 = _RANGE_D2[rounds] if rounds < len(_RANGE_D2) else _RANGE_D2[-1] + 0.8 * math.log(rounds / 12)
+    spread = (math.log(high) - math.log(low)) / d2 if rounds > 1 else 0.0
+    df = noise.weight + rounds - 1
+    sd = math.sqrt((noise.weight * noise.sd ** 2 + (rounds - 1) * spread ** 2) / df)
+    half = t_quantile(level, df) * sd * _median_factor(rounds) / math.sqrt(rounds)
+    centre = math.log(median)
+    lo, hi = math.exp(centre - half), math.exp(centre + half)
+    return Decision(median, lo, hi, rounds, threshold, _verdict(median, lo, hi, threshold), math.exp(half),
+                    _needed(threshold, sd, noise.weight, 1, level), confidence, sd)
 
 
 def drift_bound(noise: Noise = RUN_NOISE, confidence: float = CONFIDENCE) -> float:
@@ -224,15 +248,16 @@ def _pooled(groups: Sequence[Sequence[float]], prior_sd: float, weight: float,
     return math.sqrt((weight * prior_sd ** 2 + ss) / df), df
 
 
-def _needed(threshold: float, se_of: Callable[[int], float], df_of: Callable[[int], float], level: float,
+def _needed(threshold: float, sd: float, df_first: float, df_per_pair: int, level: float,
             limit: int = 200) -> int | None:
-    """The fewest pairs whose interval's half-width, at this spread, is under log(threshold): a change of
-    `threshold` would then be told from none when measured at its size."""
+    """The fewest pairs (runs a side, unpaired) whose interval's half-width at the spread `sd` of a pair is under
+    log(threshold): a change of `threshold` would then be told from none when measured at its size. The degrees of
+    freedom grow by `df_per_pair` a pair from `df_first` at one."""
     target = math.log(threshold)
     if target <= 0:
         return None
     for k in range(1, limit + 1):
-        if t_quantile(level, df_of(k)) * se_of(k) < target:
+        if t_quantile(level, df_first + df_per_pair * (k - 1)) * sd * _median_factor(k) / math.sqrt(k) < target:
             return k
     return None
 
@@ -289,12 +314,13 @@ def _t_cdf(x: float, df: float) -> float:
     top = math.atan(x / math.sqrt(df))
     steps = 400
     h = top / steps
-    total = sum((1 if i in (0, steps) else 4 if i % 2 else 2) * math.cos(i * h) ** (df - 1) for i in range(steps + 1))
+    total = sum((1 if i in (0, steps) else 4 if i % 2 else 2) * math.pow(math.cos(i * h), df - 1)
+                for i in range(steps + 1))
     return 0.5 + const * total * h / 3
 
 
 __all__ = ["CONFIDENCE", "FASTER", "RUN_NOISE", "STEP_NOISE", "WITHIN", "Decision", "Noise", "Verdict",
-           "decide", "drift_bound", "looks_between", "sequential", "t_quantile"]
+           "decide", "decide_rounds", "drift_bound", "looks_between", "sequential", "t_quantile"]
 
 
 def faster(ratio: float) -> bool:  # TEMPORARY: callers move to `decide`; removed once none is left

@@ -34,10 +34,11 @@ from trainfast.diagnose.compare.figures import (
     Gate,
     IncomparableError,
 )
-from trainfast.diagnose.compare.gate import compare, judge
+from trainfast.diagnose.compare.gate import compare
+from trainfast.diagnose.compare.judge import judge
+from trainfast.trainer.config import ConfigError
 
 MAX_RUNS = 12  # a side, --runs' default budget: a 15 % slowdown at --fail-slower 5 is found in >= 90 % by then
-from trainfast.trainer.config import ConfigError
 
 EXAMPLES = f"""examples:
   trainfast compare base.json new.json                  # side by side: each change with its interval
@@ -62,16 +63,16 @@ the doctor; --keep DIR keeps the reports.
 How it decides (trainfast.decide, the one decision): "% slower" is NEW's time per sample over BASE's, less 1. The
 interval ({DECISION_CONFIDENCE:.0%}) is made of the spread *between* runs: the pairs' (--runs), or each side's runs'
 (reports). One report a side has no such spread: its interval is the drift adjacent runs of one script can have on
-these machines (±{(drift_bound() - 1) * 100:.0f} %), so one report a side is never called slower within that. A run more than
-{STALL:.0%} slower than its side's median is set aside as stalled. The gate fails when NEW's slowdown is beyond
---fail-slower and the interval is clear of no change; passes when the interval rules out a slowdown of twice
+these machines (±{(drift_bound() - 1) * 100:.0f} %), so one report a side is never called slower within that. A run
+more than {STALL:.0%} slower than its side's median is set aside as stalled. The gate fails when NEW's slowdown is
+beyond --fail-slower and the interval is clear of no change; passes when the interval rules out a slowdown of twice
 --fail-slower; otherwise it cannot tell, and says the smallest change these runs could detect and how many runs a
 side would tell --fail-slower. With --runs, it measures --runs pairs, then one pair more at a time until it can tell
 or reaches --max-runs (the looks share the interval's confidence, so stopping early keeps its error rate). It cannot
 tell either when a run the verdict rests on was slowed by other processes (the doctor's "other processes kept N
 cores busy"), or when a whole run's slowdown is its start-up alone (grown by {STARTUP_NOISE:.0%} or less: one figure a
-run, which varies that much). The parts of the step, phases and goodput keep their {CONFIDENCE * 100:.0f} % intervals
-from the runs' own steps ({MIN_UNITS} at least per report): what changed, not whether.
+run, which varies that much). The parts of the step, phases and goodput keep their {CONFIDENCE * 100:.0f} %
+intervals from the runs' own steps ({MIN_UNITS} at least per report): what changed, not whether.
 
 Exit codes: 0 not slower (or no --fail-slower); 1 slower by more than --fail-slower beyond the noise; 2 reports that
 cannot be compared (unreadable JSON, not a doctor report, a different script or arguments, different batch sizes,
@@ -291,7 +292,11 @@ def render_table(comparison: Comparison, base: list[Path], new: list[Path]) -> T
     units = "steps" if comparison.kind == WINDOW else "throughput intervals"
     kind = "window reports" if comparison.kind == WINDOW else "whole-run reports"
     runs = comparison.runs
-    caption = (f"change: NEW vs BASE, with its {CONFIDENCE * 100:.0f} % interval from {comparison.units[0]} and "
+    between = ("one run a side: the drift a run here can have, "
+               f"±{(drift_bound() - 1) * 100:.0f} %" if runs == (1, 1) else
+               f"the spread between {'the pairs of' if comparison.paired else 'the'} {runs[0]} and {runs[1]} runs")
+    caption = (f"change: NEW vs BASE; {comparison.measure.name}: the decision's {DECISION_CONFIDENCE:.0%} interval "
+               f"({between});\nthe rest: {CONFIDENCE * 100:.0f} % intervals from {comparison.units[0]} and "
                f"{comparison.units[1]} {units}")
     if runs != (1, 1):
         spread = ", ".join(f"{side} {pct:.1f} %" for side, pct in zip(("BASE", "NEW"), comparison.run_spread_pct,

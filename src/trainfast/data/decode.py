@@ -13,10 +13,10 @@ Three choices make it fast (figures from the demo images, 300-500 px, one core):
 JPEG backend: with `decode="draft"`, JPEGs are decoded by simplejpeg (the `fastjpeg` extra) where it is installed
 and measures faster than Pillow in this process, else by Pillow: same DCT scale, crop, flip and uint8 output. The
 choice is made once per process, at the first JPEG decoded: both decode a small synthetic JPEG in memory at that
-call's image size (a few ms; no file read, Python's `random` untouched) and simplejpeg is used only if it is at
-least 5 % faster; the figures are logged once at INFO. The environment variable
-`TRAINFAST_JPEG=pillow|simplejpeg|auto` (default auto) forces it. `decode="full"` and non-JPEG files (PNG, ...)
-always use Pillow.
+call's image size (a few ms; no file read, Python's `random` untouched) and simplejpeg is used only if it is
+decided at least 5 % faster (trainfast.decide, each interleaved pair a pair); the figures are logged once at INFO.
+The environment variable `TRAINFAST_JPEG=pillow|simplejpeg|auto` (default auto) forces it. `decode="full"` and
+non-JPEG files (PNG, ...) always use Pillow.
 
 Random crops and flips draw from `batch_rngs().random`, so a batch is the same with every loader backend.
 """
@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from trainfast.decide import STEP_NOISE, decide
 from trainfast.loader.seeding import batch_rngs
 
 # The process is out of a resource, the file is not broken: these propagate as they are (the loader's
@@ -48,7 +49,7 @@ log = logging.getLogger("trainfast")
 
 JPEG_ENV = "TRAINFAST_JPEG"  # pillow | simplejpeg | auto: which library decodes JPEGs with decode="draft"
 JPEG_BACKENDS = ("pillow", "simplejpeg", "auto")
-JPEG_MIN_GAIN = 0.05  # auto: simplejpeg only if it is at least this much faster than Pillow
+JPEG_MIN_GAIN = 0.05  # auto: simplejpeg only if decided at least this much faster than Pillow (trainfast.decide)
 _jpeg_backend: str | None = None  # "pillow" or "simplejpeg" once decided (once per process, at the first JPEG)
 _simplejpeg: Any = None  # the simplejpeg module when it is the backend
 
@@ -202,16 +203,19 @@ def _choose_jpeg_backend(image_size: int) -> tuple[str, Any]:
         return "pillow", None
     if wanted == "simplejpeg":
         return "simplejpeg", module
-    pil_ms, sj_ms = _time_jpeg_backends(module, image_size)
-    choice = "simplejpeg" if sj_ms <= pil_ms * (1 - JPEG_MIN_GAIN) else "pillow"
-    log.info("jpeg decode: simplejpeg %.2f ms vs Pillow %.2f ms per image here (%d px) -> %s (%s=pillow|simplejpeg "
-             "forces it)", sj_ms, pil_ms, image_size, choice, JPEG_ENV)
+    pil_s, sj_s = _time_jpeg_backends(module, image_size)
+    # each interleaved Pillow/simplejpeg pair is a pair of the one decision, at the noise of in-process timings
+    decision = decide([1 / t for t in pil_s], [1 / t for t in sj_s], threshold=1 + JPEG_MIN_GAIN, noise=STEP_NOISE)
+    choice = "simplejpeg" if decision.faster else "pillow"
+    log.info("jpeg decode: simplejpeg %.2f ms vs Pillow %.2f ms per image here (%d px; %s) -> %s (%s=pillow|"
+             "simplejpeg forces it)", statistics.median(sj_s) * 1e3, statistics.median(pil_s) * 1e3, image_size,
+             decision.said("Pillow", "simplejpeg"), choice, JPEG_ENV)
     return choice, module
 
 
-def _time_jpeg_backends(module: Any, s: int, repeats: int = 8) -> tuple[float, float]:
-    """Median ms per decode (Pillow, simplejpeg) of a synthetic 480 x 360 JPEG to an s x s centre crop, eval mode
-    (no random draws, so seeded crops are unchanged), interleaved, after one warm-up each."""
+def _time_jpeg_backends(module: Any, s: int, repeats: int = 8) -> tuple[list[float], list[float]]:
+    """Seconds per decode (Pillow's, simplejpeg's, `repeats` of each) of a synthetic 480 x 360 JPEG to an s x s
+    centre crop, eval mode (no random draws, so seeded crops are unchanged), interleaved, after one warm-up each."""
     yy, xx = np.mgrid[0:360, 0:480]
     rng = np.random.default_rng(0)
     pixels = np.stack([xx * 255 // 479, yy * 255 // 359, (xx + yy) % 256], axis=-1) + rng.integers(0, 32, (360, 480, 3))
@@ -234,7 +238,7 @@ def _time_jpeg_backends(module: Any, s: int, repeats: int = 8) -> tuple[float, f
                     out.append(time.perf_counter() - t)
     finally:
         _simplejpeg = saved
-    return statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
+    return times
 
 
 def _random_crop(w: int, h: int, scale: tuple[float, float]) -> tuple[float, float, float, float]:

@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
+from trainfast.decide import WITHIN
 from trainfast.loader.auto import auto_prefetch, threads_beside_workers
 from trainfast.loader.tuned import WorkerSettings
-from trainfast.decide import WITHIN
 from trainfast.tune.trial import Trial
 
 # A worker that adds less than this is not worth its core and memory (the noise between runs here is ~3 %).

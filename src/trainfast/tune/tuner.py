@@ -33,8 +33,8 @@ MAX_BATCHES = 400
 # A trial stops once its rate is known within this (95 % confidence): finer than the 5 % the choice may miss the
 # exhaustive sweep's best by, coarser would let the noise decide.
 PRECISION = 0.04
-# The confirmation against "auto" (`trainfast.tune.confirm`) is held to about this share of the budget: 2 x ROUNDS
-# runs of a few seconds each.
+# The confirmation against "auto" (`trainfast.tune.confirm`) is held to about this share of the budget: at most
+# 2 x ROUNDS runs of a few seconds each (it stops sooner once decided).
 CONFIRM_SHARE = 0.2
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from trainfast.decide import drift_bound
 from trainfast.diagnose.compare.figures import INCONCLUSIVE, MIN_UNITS, WHOLE_RUN, WINDOW, IncomparableError
-from trainfast.diagnose.compare.gate import compare, judge
+from trainfast.diagnose.compare.gate import compare
+from trainfast.diagnose.compare.judge import judge
 from trainfast.diagnose.compare.units import check_report
 
 BATCH = 32

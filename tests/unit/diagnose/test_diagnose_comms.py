@@ -103,11 +103,12 @@ def test_fsdp_communication_carries_the_gain_measured_on_the_jobs_steps() -> Non
                              value=False)
     fix = communication(evidence(0.4, fsdp, Trials({"fsdp_reshard": faster})))
     assert fix is not None and fix.gain_basis == "measured" and fix.expected_gain == pytest.approx(1.21)
-    assert "0.90-1.25x over 12 rounds, 9 of 12 pairs" in fix.why
-    # a majority is not enough: 8 of 12 pairs faster happens by chance in 19 % of trials of a setting with no effect
-    lucky = Trial.of_rounds("fsdp_reshard", "kept gathered", [1.2] * 8 + [0.9] * 4, [0.1] * 12, value=False)
+    assert "12 pairs of adjacent steps, 9 faster; faster" in fix.why  # decided by trainfast.decide
+    # half the pairs faster by a lot, half slower by as much: no gain the pairs can tell
+    lucky = Trial.of_rounds("fsdp_reshard", "kept gathered", [1.2] * 6 + [0.85] * 6, [0.1] * 12, value=False)
     fix = communication(evidence(0.4, fsdp, Trials({"fsdp_reshard": lucky})))
-    assert fix is not None and fix.expected_gain is None and "8 of 12 pairs faster" in (fix.basis_reason or "")
+    assert fix is not None and fix.expected_gain is None
+    assert "12 pairs of adjacent steps, 6 faster; inconclusive" in (fix.basis_reason or "")
     # measured faster where little is exposed: the measurement stands
     small = communication(evidence(0.03, fsdp, Trials({"fsdp_reshard": faster})))
     assert small is not None and small.expected_gain == pytest.approx(1.21)

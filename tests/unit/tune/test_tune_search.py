@@ -137,7 +137,7 @@ def test_tune_on_tiny_images_caches_the_result_for_make_loader(tiny_images: Path
     saved = json.loads(cache.cache_path(result.key).read_text())
     assert saved["chosen"] == data["chosen"] and saved["kept_reason"] == result.kept_reason
     if result.confirmation is not None:  # the search's choice was run against auto: both rates are in the record
-        assert saved["confirmation"]["auto"] == saved["auto"] and len(saved["confirmation"]["auto_rates"]) == 3
+        assert saved["confirmation"]["auto"] == saved["auto"] and 2 <= len(saved["confirmation"]["auto_rates"]) <= 5
         assert result.chosen == result.confirmation.kept
     else:
         assert result.chosen == result.auto

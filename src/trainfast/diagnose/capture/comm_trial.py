@@ -12,9 +12,10 @@ Every rank decides alike, so that no rank waits on another in a collective it do
 decided on the model's structure (an FSDP2 module that reshards after forward), never on a timing, and the setting
 switches at a phase's end, which every rank reaches at the same closed step (phases are counted in steps). A phase's
 time runs from the previous phase's end to its own (a step closes at the next one's first input; on CUDA once the
-device's queued work is done, so that the host running ahead does not hide it), over its steps; the factor is the
-median over the pairs of base / candidate, with the spread. The whole step is timed: the step's gain as measured,
-nothing assumed.
+device's queued work is done, so that the host running ahead does not hide it), over its steps; the pairs are
+decided by the one decision (`trainfast.decide`: the median of base / candidate, an interval from the pairs'
+spread, which here is tens of percent a step): a gain is claimed only when decided faster. The whole step is timed:
+the step's gain as measured, nothing assumed.
 """
 
 from __future__ import annotations
@@ -34,9 +35,6 @@ from trainfast.diagnose.records.trials import Trial
 # Adjacent single steps, not runs of a few: on a shared 2-core machine runs of 2 steps after a warm-up each gave
 # 0.95x to 1.57x on the same job, the machine's load drifting between the runs.
 ROUNDS = 12
-# Pairs that must be faster for a gain to be claimed: a setting with no effect shows 9 or more of 12 in 7 % of trials
-# (a one-sided sign test), where a bare majority (7) would be 39 %: one step's noise here is tens of percent.
-FASTER_PAIRS = 9
 WARM, BASE, CANDIDATE = "comm-warm", "comm-base", "comm-candidate"
 TRIAL_ID = "fsdp_reshard"
 SETTING = "parameters kept gathered from forward to backward (reshard_after_forward=False)"

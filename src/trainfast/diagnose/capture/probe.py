@@ -8,8 +8,9 @@ the gradient of the outputs' mean as a stand-in for the script's loss, is timed,
 candidate too: emulated bf16 runs several times slower than fp32), channels_last, or NCHW where the script trains in
 channels_last, another intra-op thread count. Base and candidate alternate, `ROUNDS` times after a warm-up each
 (oneDNN builds its bf16 and NHWC kernels on the first call), and the factor is the median of the rounds' base /
-candidate ratios, with their spread. A candidate is `faster` only when that median clears `decide.FASTER` (3 %)
-and most rounds agree: a 3 % edge on this shared 2-core machine is within the noise of a single pair.
+candidate ratios, with their spread. Rounds stop as soon as the one decision (`trainfast.decide`, each round a pair)
+can tell, from `MIN_ROUNDS` on; a candidate is `faster` only when decided faster: at least 3 % with its interval
+clear of no gain (a 3 % edge on this shared 2-core machine is within the noise of a single pair).
 
 What a replay covers: one forward and backward of each model; the loss, the optimizer step and anything else the
 step does are not in it. Where the replay is shorter than the step's measured compute, the factor applies only to
@@ -43,6 +44,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
+from trainfast.decide import looks_between
 from trainfast.diagnose.capture.inject_model import to_layout
 from trainfast.diagnose.records.trials import Trial, TrialRequest, Trials
 from trainfast.trainer.settings import torch_settings
@@ -331,8 +333,12 @@ def _trial(candidate: Candidate, base: _Replay, base_s: float, budget_s: float, 
                      reason=f"{MIN_ROUNDS} rounds of a {per_round * 1e3:.0f} ms replay pair did not fit the "
                             f"{max(0.0, budget_s):.1f} s left of the doctor's budget")
     ratios, bases = [], []
+    looks = looks_between(MIN_ROUNDS, rounds)
     for _ in range(rounds):
         b = base()
         ratios.append(b / cand())
         bases.append(b)
-    return Trial.of_rounds(candidate.id, candidate.setting, ratios, bases, candidate.value)
+        trial = Trial.of_rounds(candidate.id, candidate.setting, ratios, bases, candidate.value, looks=looks)
+        if len(ratios) >= MIN_ROUNDS and trial.decision is not None and trial.decision.decided:
+            break  # decided: the rest of the budget goes to the next candidate
+    return trial

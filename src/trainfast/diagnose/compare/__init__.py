@@ -10,62 +10,51 @@ The units of noise. A window report's units are its measured steps (`timeline` r
 `throughput` intervals (consecutive steps, over their own training time), all but the first, which holds the
 warm-up and any compilation. A report needs `MIN_UNITS` of them: fewer cannot show how much its speed varies.
 
-The interval of a change. Each report's units are resampled with replacement (`RESAMPLES` times, seeded, so the
+The intervals of the parts. Each report's units are resampled with replacement (`RESAMPLES` times, seeded, so the
 same two reports always give the same intervals), independently for BASE and NEW. In each resample a run's
 seconds per sample is its reported figure (1 / samples/s over the measured window; a whole run's wall time per
 sample) with the share of it that training takes (all of a window; a whole run's goodput) moved by the resample:
-times the resampled units' seconds per sample (their seconds summed over their samples summed) over all units'.
-A whole run's time outside training (startup, compile, evaluation, checkpoints, ...) is one figure per run, with
-no spread to resample, and stays as measured; a note says when it is most of the run. Each part's seconds per
-step is its sum over the steps' sum in the resampled units. The 2.5th and 97.5th percentiles of NEW's figure over
-BASE's across the resamples are the 95 % interval of the change. Phases and goodput are shown without one.
+times the resampled units' seconds per sample over all units'. A whole run's time outside training (startup,
+compile, evaluation, checkpoints, ...) is one figure per run, with no spread to resample, and stays as measured; a
+note says when it is most of the run. Each part's seconds per step is its sum over the steps' sum in the resampled
+units. The 2.5th and 97.5th percentiles across the resamples are the 95 % interval of a part's change, and of the
+slowdown within the runs (`Comparison.within`): what the runs' own steps show, with no spread between runs in it.
 
-Several runs a side. Each side may be several reports of the same code (checked against each other as BASE
-against NEW). The figures are each side's means over its runs; the units of every run of a side are pooled for
-the parts of the step. In each resample, each run's seconds per sample is moved by a resample of its own units (as
-above), then the side draws as many runs as it has, with replacement, their deviations from the side's mean
-widened by sqrt(n / (n - 1)) (drawing n of n understates their variance by (n - 1) / n), and averages them: the
-spread between runs enters the interval. One run a side cannot tell a swing of the machine between runs (a whole
-run 22 % slower, unchanged) from a change; three a side widen the interval by it instead. What makes the runs
-comparable is said line by line (`comparability`): the machine, torch, the shape, other processes' CPU use.
+The slowdown the gate judges. Each run is one speed (samples/s; a whole run's samples per wall second), and the
+sides are compared by the one decision (`trainfast.decide`): paired when the runs were measured in interleaved
+pairs (`--runs`: BASE i beside NEW i), as two samples when they were not (reports a side), the spread *between* runs
+making the interval, a run more than `decide.STALL` slower than its side's median set aside as stalled. One run a
+side has no spread between runs: its interval is the drift adjacent runs of one script can have here
+(`decide.drift_bound`, +-47 %), so a swing of the machine between two runs (a whole run 22 % slower, unchanged)
+is never read as a change. What makes the runs comparable is said line by line (`comparability`): the machine,
+torch, the shape, other processes' CPU use.
 
 The gate (`judge`). "% slower" is NEW's time per sample over BASE's, less 1 (15 % slower: each sample takes 1.15x
-as long, samples/s x 1/1.15); the measure is samples/s for a window report and the wall time per sample for a whole
-run. With `fail_slower` PCT:
-- fail (exit 1) when the slowdown's lower bound, the interval's edge closest to no change, is above PCT %: slower by
-  more than PCT beyond the noise;
-- cannot decide (exit 0, with a warning) when the interval reaches above PCT % but not its lower bound, and either
-  its half-width (the noise) is larger than PCT, so these two runs cannot tell a PCT % slowdown from none, or it
-  reaches past 2 x PCT, so it cannot rule out a slowdown of twice the allowance. Measuring more steps (or on a
-  quieter machine) narrows it. Passing is the choice here: a gate that failed on noise would fail runs of the same
-  script; the warning says the gate did not judge;
-- cannot decide either, for whole runs, when the slowdown's lower bound is above PCT but, with BASE's start-up
-  (NEW's start-up time per sample taken as BASE's), it would not be, and the start-up grew by at most
-  `STARTUP_NOISE`: a start-up is one figure per run, with no spread to tell a change from the machine's
-  run-to-run noise (the interpreter and the imports read from disk). Beyond `STARTUP_NOISE` it fails (a start-up
-  60 s longer is a slower run);
-- cannot decide either when a run the verdict rests on was slowed by other processes (the report's
-  `contention`: at least `CONTENTION_CORES` cores busy, and `CONTENTION_SHARE` of the machine's): a failure whose
-  NEW was contended (the slowdown may be theirs), a pass whose BASE was (a slowed yardstick hides a slowdown);
-- pass (exit 0) otherwise.
-So a pass says the interval stays below PCT, or below 2 x PCT with a noise of at most PCT: at `--fail-slower 5`
-a real 15 % slowdown passes only when it measured 5 % plus its noise (2 standard errors) below the truth, with
-that noise at most 5 % (for normal noise, at worst 1 in 20,000); otherwise it fails, or the gate says it cannot
-decide. Two runs of the same script fail only when their measured gap exceeds PCT beyond the noise of both, with
-NEW uncontended.
+as long, samples/s x 1/1.15). With `fail_slower` PCT, on the decision at the threshold 1 + PCT / 100:
+- fail (exit 1) when the decision is "slower": the estimate beyond PCT and the interval clear of no change;
+- pass (exit 0) when the interval rules out a slowdown of 2 x PCT;
+- cannot tell (exit 3, or 0 / 1 with `inconclusive` "pass" / "fail") otherwise, saying the smallest change these
+  runs could detect and about how many runs a side would tell PCT; and when a verdict would rest on a run other
+  processes slowed (the report's `contention`: at least `CONTENTION_CORES` cores busy, and `CONTENTION_SHARE` of
+  the machine's): a failure whose NEW was contended, a pass whose BASE was; and, for whole runs, when the slowdown
+  would not be beyond PCT with BASE's start-up and the start-up grew by at most `STARTUP_NOISE` (one figure per
+  run, which varies that much between runs of the same script). Beyond `STARTUP_NOISE` it fails (a start-up 60 s
+  longer is a slower run).
+The decision's error rates are held on simulated noise (tests/unit/test_decide.py): runs of the same script called
+slower in under 1 %, a 15 % slowdown found in over 90 % within `--runs 3 --max-runs 12`.
 
-With one run a side, the interval covers the noise within each run, step to step. A shift between the two runs as a
-whole is not noise the steps can show (several runs a side show it, above): other processes' CPU use is judged
-above; the notes name what else the reports record (a different torch, a script that failed), and PCT is the
-allowance for the rest.
+Two versions of a script (`versions`, `--runs OLD NEW`) differ by design: they are checked for the same arguments,
+batch sizes, world size, data (each loader's dataset and batches an epoch) and model (FLOPs a step within 1 %), not
+for the same file.
 
 Reports that cannot be compared raise `IncomparableError` naming why: not a doctor report, a different script or
 arguments, a different shape (loaders' batch sizes, world size), another machine (CPU model, usable CPUs, GPUs), a
-whole run against a window, no or too few measured steps, no samples counted.
+whole run against a window, no or too few measured steps, no samples counted, a script that crashed.
 """
 
 from trainfast.diagnose.compare.figures import (
     CONFIDENCE,
+    INCONCLUSIVE,
     MIN_UNITS,
     STARTUP_NOISE,
     WINDOW,
@@ -75,8 +64,9 @@ from trainfast.diagnose.compare.figures import (
     IncomparableError,
     Slowdown,
 )
-from trainfast.diagnose.compare.gate import compare, judge, notes
+from trainfast.diagnose.compare.gate import compare, notes
+from trainfast.diagnose.compare.judge import judge
 from trainfast.diagnose.compare.units import check_comparable, check_report
 
-__all__ = ["CONFIDENCE", "MIN_UNITS", "STARTUP_NOISE", "WINDOW", "Change", "Comparison", "Gate", "IncomparableError",
-           "Slowdown", "check_comparable", "check_report", "compare", "judge", "notes"]
+__all__ = ["CONFIDENCE", "INCONCLUSIVE", "MIN_UNITS", "STARTUP_NOISE", "WINDOW", "Change", "Comparison", "Gate",
+           "IncomparableError", "Slowdown", "check_comparable", "check_report", "compare", "judge", "notes"]

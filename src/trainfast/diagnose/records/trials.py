@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainfast.decide import FASTER
+from trainfast.decide import Decision, decide_rounds
 
 TrialValue = str | int | bool | tuple[str, str] | None
 
@@ -29,21 +29,32 @@ class Trial:
     applies: bool = True  # False: the fix cannot apply to this run (autocast on float64): it is not offered
     failed: bool = False  # the doctor's own preparation or replay of it failed (`reason` says which and how)
     replays: float = 1.0  # forward + backward passes of the models per training step (gradient accumulation: 2+)
+    looks: int = 1  # how often the rounds were looked at to stop once decided (trainfast.decide)
 
     @classmethod
-    def of_rounds(cls, id: str, setting: str, ratios: list[float], bases: list[float], value: TrialValue) -> Trial:
+    def of_rounds(cls, id: str, setting: str, ratios: list[float], bases: list[float], value: TrialValue, *,
+                  looks: int = 1) -> Trial:
         """A candidate measured: `ratios` the rounds' base / candidate times, `bases` the base's times."""
         return cls(id, setting, factor=statistics.median(ratios), low=min(ratios), high=max(ratios),
                    rounds=len(ratios), faster_rounds=sum(r > 1 for r in ratios), base_s=statistics.median(bases),
-                   value=value)
+                   value=value, looks=looks)
 
     @property
     def measured(self) -> bool:
         return self.factor is not None
 
     @property
+    def decision(self) -> Decision | None:
+        """The candidate against the base by the one decision, from the rounds' median, smallest and largest ratio
+        (each round a pair of adjacent replays or steps: `decide_rounds`); None when not measured."""
+        if self.factor is None or self.low is None or self.high is None or self.rounds < 1 or self.low <= 0:
+            return None
+        return decide_rounds(self.factor, self.low, self.high, self.rounds, looks=self.looks)
+
+    @property
     def faster(self) -> bool:
-        return self.factor is not None and self.factor >= FASTER and 2 * self.faster_rounds > self.rounds
+        decision = self.decision
+        return decision is not None and decision.faster
 
     def gain(self, compute_share: float, compute_s: float) -> float | None:
         """The whole step's gain (Amdahl) when the replayed part of its compute runs `factor` times faster: the
@@ -60,7 +71,8 @@ class Trial:
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "setting": self.setting, "factor": self.factor, "low": self.low, "high": self.high,
                 "rounds": self.rounds, "faster_rounds": self.faster_rounds, "base_s": self.base_s,
-                "reason": self.reason, "applies": self.applies, "failed": self.failed, "replays": self.replays}
+                "reason": self.reason, "applies": self.applies, "failed": self.failed, "replays": self.replays,
+                "decision": self.decision.to_json() if self.decision else None}
 
 
 @dataclass
