@@ -181,8 +181,8 @@ class Practices(Settings):
         return {name: choice.to_json() for name, choice in self.choices.items()}
 
     def ab_steps(self) -> dict[str, int]:
-        """The optimizer steps each practice's A/B took (0: it took none)."""
-        return {name: choice.steps for name, choice in self.choices.items()}
+        """The optimizer steps each practice's A/B took (0: it took none), in the order the A/Bs run."""
+        return {p.name: self.choices[p.name].steps for p in self.registered if p.name in self.choices}
 
 
 __all__ = ["GRAPH_BREAK_LIMIT", "LOSS_TOLERANCE", "MAX_PAIRS", "MAX_STEPS", "MIN_PAIRS", "MIN_RUN_MULTIPLE",
