@@ -2,12 +2,12 @@
 its doubt.
 
 Every caller that chooses between two settings by measuring them decides here: `--verify` (each fix and the set),
-`compare` (reports, and `--runs`), the Trainer's practices, the tuner's confirmation, the loader probe where it
-compares two settings, the FSDP2 trial. Nothing else decides faster or slower by a rule of its own.
+`compare` (reports, and `--runs`), the Trainer's practices, the tuner's confirmation, the doctor's trials of
+candidate fixes and the FSDP2 trial (`decide_rounds`, from the summary a trial keeps), the JPEG backend's pick.
+Nothing else decides faster or slower by a rule of its own.
 
 The samples. A and B are measured in turn, interleaved A B B A A B ... (the second of a pair inherits a warmer
-cache
-and a hotter core, so the order alternates), and each adjacent (A, B) is a pair: its log ratio log(B / A) cancels
+cache and a hotter core, so the order alternates), and each adjacent (A, B) is a pair: its log ratio log(B / A) cancels
 the drift the two share. What one pair cannot cancel, the machine's swing from one run to the next, is the spread
 *between* pairs, and that is the spread the interval is made of: a run's own steps know nothing of it.
 
@@ -62,20 +62,19 @@ class Noise:
 
     sd: float
     weight: float
-    what: str  # how it was set, for the reasons that quote it
 
 
 # Runs of a whole script (a doctor report, a verify child): on these 2-core machines adjacent runs of one unchanged
 # script differ by up to 25 %, and verify's baselines drifted -32 %/+35 % within a minute. With no spread of its
 # own (one pair), a change is decided only beyond +-47 % (`drift_bound`): 0.08 x t(2 df, 98 %) = 0.39 = log 1.47.
-RUN_NOISE = Noise(0.08, 2.0, "runs of a script here differ by up to 25-35 % (drift): one pair alone decides only "
-                             "beyond +-47 %")
+RUN_NOISE = Noise(0.08, 2.0)
 # A sample more than 15 % slower than its side's median is set aside as stalled (with 3 or more a side): a doctor run
 # of one unchanged script here stalls so about 1 run in 8 (662 samples/s beside 820-897), as far as a 15 % change.
 STALL = 0.15
-# Adjacent training steps of one run (the Trainer's A/Bs, a replay's rounds, the FSDP2 trial's pairs): ~5 % apart
+# Adjacent measurements inside one process (the Trainer's A/Bs, a replay's rounds, the FSDP2 trial's pairs of
+# steps, the tuner's rounds, the JPEG backends): ~5 % apart
 # on a quiet 2-core CPU, tens of percent under load; worth 2 pairs, so the steps' own spread soon rules.
-STEP_NOISE = Noise(0.05, 2.0, "adjacent steps here differ by ~5 % when quiet")
+STEP_NOISE = Noise(0.05, 2.0)
 
 
 @dataclass(frozen=True)
@@ -117,12 +116,12 @@ class Decision:
         return self.high < self.threshold
 
     def interval(self) -> str:
-        """"1.12x (1.04-1.21x, 98 %, 5 pairs)"."""
+        """"1.12x (1.04-1.21x, 96 %, 5 pairs)"."""
         return (f"{self.ratio:.2f}x ({self.low:.2f}-{self.high:.2f}x, {self.confidence:.0%}, {self.pairs} "
                 f"pair{'s' if self.pairs != 1 else ''})")
 
     def said(self, a: str = "A", b: str = "B") -> str:
-        """The decision in words: "B is faster than A: 1.12x (1.04-1.21x, 98 %, 5 pairs)"."""
+        """The decision in words: "B is faster than A: 1.12x (1.04-1.21x, 96 %, 5 pairs)"."""
         t = f"{self.threshold:g}x"
         words = {"faster": f"{b} is faster than {a}", "slower": f"{b} is slower than {a}",
                  "same": f"{b} is within {t} of {a}",
@@ -319,9 +318,6 @@ def _t_cdf(x: float, df: float) -> float:
     return 0.5 + const * total * h / 3
 
 
-__all__ = ["CONFIDENCE", "FASTER", "RUN_NOISE", "STEP_NOISE", "WITHIN", "Decision", "Noise", "Verdict",
+__all__ = ["CONFIDENCE", "FASTER", "RUN_NOISE", "STALL", "STEP_NOISE", "WITHIN", "Decision", "Noise", "Verdict",
            "decide", "decide_rounds", "drift_bound", "looks_between", "sequential", "t_quantile"]
 
-
-def faster(ratio: float) -> bool:  # TEMPORARY: callers move to `decide`; removed once none is left
-    return ratio >= FASTER
