@@ -320,4 +320,3 @@ def _t_cdf(x: float, df: float) -> float:
 
 __all__ = ["CONFIDENCE", "FASTER", "RUN_NOISE", "STALL", "STEP_NOISE", "WITHIN", "Decision", "Noise", "Verdict",
            "decide", "decide_rounds", "drift_bound", "looks_between", "sequential", "t_quantile"]
-
