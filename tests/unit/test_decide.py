@@ -13,6 +13,7 @@ from trainfast.decide import (
     STALL,
     STEP_NOISE,
     decide,
+    decide_rounds,
     drift_bound,
     looks_between,
     sequential,
@@ -118,3 +119,19 @@ def test_bad_input_is_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match="ratio of 1 or more"):
         decide([100.0], [100.0], threshold=0.9)
     assert FASTER == 1.03
+
+
+@pytest.mark.parametrize(("median", "low", "high", "verdict"), [
+    (2.92, 2.64, 3.11, "faster"),  # bf16 on a CPU that runs it natively, 7 rounds of a replay
+    (1.02, 0.90, 1.12, "inconclusive"),
+    (0.87, 0.79, 0.92, "slower"),
+    (0.91, 0.01, 5.32, "inconclusive"),  # a stalled round: the range says the rounds cannot tell
+])
+def test_a_trial_is_decided_from_its_rounds_median_and_range(median: float, low: float, high: float,
+                                                             verdict: str) -> None:
+    assert decide_rounds(median, low, high, 7).verdict == verdict
+
+
+def test_a_trial_summary_that_is_not_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="give low <= median <= high"):
+        decide_rounds(1.0, 1.2, 1.3, 5)
