@@ -1,7 +1,8 @@
 """The loaders' hook: every DataLoader (and trainfast's `TensorLoader` and `ThreadLoader`) the script iterates is
 described (its settings: `describe_loader`) and its iterator wrapped to time each `next()` (data wait), the worker
 start-up of each epoch (`iter()` to first batch) and the batch bytes; worker processes forked while it is installed
-time their own batches into the `WorkerClock` (worker_clock.py). One `perf_counter` pair per batch; a batch made in
+time their own batches into the `WorkerClock` (worker_clock.py); what the loop sets on a DataLoader's dataset after
+it started is noted (dataset_watch.py). One `perf_counter` pair per batch; a batch made in
 the main thread (no workers) after a slow one is also timed for its CPU and run-queue time (`TIMED_WAIT_S`)."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset
 from torch.utils.data._utils import worker as worker_module
 from torch.utils.data._utils.fetch import _IterableDatasetFetcher, _MapDatasetFetcher
 
+from trainfast.diagnose.capture.dataset_watch import DatasetWatch
 from trainfast.diagnose.capture.sites import site_of
 from trainfast.diagnose.capture.worker_clock import WorkerClock
 from trainfast.diagnose.records.capture import Site
@@ -50,6 +52,7 @@ class LoaderHook:
         self._keep_alive: list[Any] = []  # loaders described: their id() must stay unique while measuring
         self._made: weakref.WeakKeyDictionary[Any, Site] = weakref.WeakKeyDictionary()  # where each was constructed
         self.sites: list[Site] = []  # the described loaders' (Site.index: their LoaderStats.index)
+        self.dataset_watch = DatasetWatch()  # what the loop sets on a dataset after its loader started
 
     def install(self, patch: Patch) -> None:
         inst = self.inst
@@ -64,6 +67,8 @@ class LoaderHook:
                 if stats.epochs == 0:
                     self._keep_alive.append(loader)
                 stats.epochs += 1
+                if isinstance(loader, DataLoader):  # (threads share the script's dataset: no copy to go stale)
+                    self.dataset_watch.started(stats, _user_dataset(loader))
                 return _TimedIterator(it, stats, inst, started, loader if isinstance(loader, ThreadLoader) else None)
             return timed_iter
 
@@ -82,6 +87,8 @@ class LoaderHook:
         patch(worker_module, "_worker_loop", _TimingWorkerLoop(self.worker_clock, worker_module._worker_loop))
 
     def uninstall(self) -> None:
+        self.dataset_watch.check()  # what the loop set on the datasets since their last iter()
+        self.dataset_watch.clear()
         self._keep_alive.clear()  # torch may keep our hooks (and so this) alive: never the script's loaders
 
     def stats_for(self, loader: Any) -> LoaderStats:
@@ -242,12 +249,10 @@ def describe_loader(loader: Any, index: int) -> LoaderStats:
                            prefetch_factor=loader.prefetch_factor, batch_size=loader.batch_size,
                            in_memory=_tensors_in_memory(loader.dataset), decode=getattr(loader.dataset, "decode", None),
                            batches_per_epoch=per_epoch)
-    dataset = loader.dataset
+    dataset = _user_dataset(loader)
     kind, batch_size = "DataLoader", loader.batch_size
-    inner = getattr(dataset, "dataset", None)
-    if type(dataset).__name__ == "_SeededBatches" and inner is not None:  # make_loader's wrapper
-        kind, dataset = "trainfast Loader", inner
-        batch_size = getattr(loader.sampler, "batch_size", None)
+    if dataset is not loader.dataset:
+        kind, batch_size = "trainfast Loader", getattr(loader.sampler, "batch_size", None)
     workers = loader.num_workers
     context = loader.multiprocessing_context
     return LoaderStats(
@@ -256,6 +261,12 @@ def describe_loader(loader: Any, index: int) -> LoaderStats:
         persistent_workers=loader.persistent_workers, prefetch_factor=loader.prefetch_factor if workers else None,
         batch_size=batch_size, in_memory=_tensors_in_memory(dataset), decode=getattr(dataset, "decode", None),
         batches_per_epoch=per_epoch)
+
+
+def _user_dataset(loader: DataLoader[Any]) -> Any:
+    """The script's dataset: a DataLoader's, or inside make_loader's wrapper (a trainfast Loader's)."""
+    dataset, inner = loader.dataset, getattr(loader.dataset, "dataset", None)
+    return inner if type(dataset).__name__ == "_SeededBatches" and inner is not None else dataset
 
 
 def _dataset_name(dataset: Any) -> str:
