@@ -1,6 +1,7 @@
 """What the loop sets on a DataLoader's dataset after the loader started (capture/dataset_watch.py), in this process:
 a curriculum's `ds.noise` each step, an `epoch` set before each epoch, a Subset's inner dataset; what is no change
-(the same value set again, a NaN set again, a dataset never touched); and the dataset left as the script made it
+(the same value set again, a NaN set again, a dataset never touched, what its own __getitem__ sets: a file opened
+on first use, a counter); and the dataset left as the script made it
 (its class, `isinstance`, pickling for spawned workers). Then the fixes that would add worker processes, or keep
 them, say their workers would never see it (fixes/workers.py `warned`)."""
 
@@ -82,15 +83,30 @@ def test_no_change_is_noted_where_none_was_made(change: Any) -> None:
     assert _iterate(Noisy(), change).dataset_set_after_start == []
 
 
+class LazyFile(Noisy):
+    """Opens its "file" on first use and counts its reads, in __getitem__: what each worker does in its own copy."""
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if not hasattr(self, "handle"):
+            self.handle = object()
+        self.reads = getattr(self, "reads", 0) + 1
+        return super().__getitem__(i)
+
+
+def test_what_the_datasets_own_getitem_sets_is_not_the_loops() -> None:
+    assert _iterate(LazyFile(), lambda ds, epoch, step: None).dataset_set_after_start == []
+    assert _iterate(LazyFile(), _curriculum).dataset_set_after_start == ["noise"]
+
+
 def test_a_replaced_tensor_is_a_change_and_threads_or_tensors_are_not_watched() -> None:
     watch = DatasetWatch()
     ds, stats = Noisy(), _stats()
-    watch.started(stats, ds)
+    assert watch.started(stats, ds, in_process=False) is None  # workers make the batches: no fetch of ours to watch
     ds.x = ds.x.clone()  # another object, equal values: a worker's copy still holds the old one
     watch.check()
     assert stats.dataset_set_after_start == ["x"]
     del ds.label
-    watch.started(stats, ds)  # the next iter(): compared, then noted afresh
+    watch.started(stats, ds, in_process=False)  # the next iter(): compared, then noted afresh
     assert stats.dataset_set_after_start == ["label", "x"]
 
 

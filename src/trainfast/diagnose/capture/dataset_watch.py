@@ -5,8 +5,11 @@ on what the dataset was when they started (fixes/input.py `unseen_by_workers` sa
 
 How: when a DataLoader's first iterator starts, `vars()` of its dataset (and of the datasets it holds, a `Subset`'s)
 is noted; at each later `iter()` and when the run ends (`check`) it is compared, and the names whose value changed,
-appeared or went are added to the loader's `LoaderStats.dataset_set_after_start`. Nothing per batch, nothing on the
-dataset itself (its class, pickling for spawned workers, `isinstance` and `__getitem__` stay the script's). What is
+appeared or went are added to the loader's `LoaderStats.dataset_set_after_start`, but those the dataset's own code
+sets while it makes a batch (a file opened on first use, a counter in `__getitem__`: each worker does that in its own
+copy too), seen over the first `FETCHES` batches of each epoch made in this process (`Fetches`). Nothing after those
+batches, nothing on the dataset itself (its class, pickling for spawned workers, `isinstance` and `__getitem__` stay
+the script's). What is
 noted of a value: a number or a string itself (compared by value: `ds.epoch = 3` twice is no change), else a weak
 reference (a tensor, an array, an object: replaced, it is another object), or, for what takes no weak reference (a
 list, a dict, a tuple), the object itself until the next comparison. A change undone before the next comparison, or
@@ -17,6 +20,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch.utils.data import Dataset
@@ -61,42 +65,77 @@ def _vars(obj: Any) -> dict[str, Any]:
         return {}
 
 
+# The first batches of each epoch made in this process whose fetch is watched for what the dataset's own code sets
+# (a file opened on first use, a counter): two notes a batch (~2 us for a dataset of 10 attributes), 3 batches an epoch
+FETCHES = 3
+
+
+@dataclass
+class _Watched:
+    stats: LoaderStats
+    dataset: Any
+    noted: dict[str, dict[str, Token]]
+    own: set[str] = field(default_factory=set)  # names its own fetches set: not the loop's
+
+
+class Fetches:
+    """The first `FETCHES` batches of an epoch a loader makes in this process (no workers): what changes on the
+    dataset while one is made is the dataset's own doing (`h5py.File` opened in `__getitem__`, a counter), which each
+    worker does in its own copy too, not the loop's."""
+
+    def __init__(self, watched: _Watched) -> None:
+        self.watched, self.left = watched, FETCHES
+
+    def before(self) -> dict[str, dict[str, Token]]:
+        return _note(self.watched.dataset)
+
+    def after(self, before: dict[str, dict[str, Token]]) -> bool:
+        """The batch is made: what changed while it was is the dataset's own. False once enough are watched."""
+        self.watched.own |= _changed(before, self.watched.dataset)
+        self.left -= 1
+        return self.left > 0
+
+
 class DatasetWatch:
     """The datasets of the loaders started, as they were when last compared."""
 
     def __init__(self) -> None:
-        self._noted: list[tuple[LoaderStats, Any, dict[str, dict[str, Token]]]] = []
-        self._by_stats: dict[int, int] = {}
+        self._watched: dict[int, _Watched] = {}  # by id() of the loader's stats
 
-    def started(self, stats: LoaderStats, dataset: Any) -> None:
-        """A DataLoader's `iter()` just made its iterator: note its dataset the first time, compare it after."""
-        index = self._by_stats.get(id(stats))
-        if index is None:
-            self._by_stats[id(stats)] = len(self._noted)
-            self._noted.append((stats, dataset, _note(dataset)))
+    def started(self, stats: LoaderStats, dataset: Any, *, in_process: bool) -> Fetches | None:
+        """A DataLoader's `iter()` just made its iterator: note its dataset the first time, compare it after. The
+        batches' fetches to watch where they are made in this process (`in_process`), else None."""
+        watched = self._watched.get(id(stats))
+        if watched is None:
+            watched = self._watched[id(stats)] = _Watched(stats, dataset, _note(dataset))
         else:
-            self._compare(index)
+            self._compare(watched)
+        return Fetches(watched) if in_process else None
 
     def check(self) -> None:
         """Compare every dataset noted (the run is ending)."""
-        for index in range(len(self._noted)):
-            self._compare(index)
+        for watched in self._watched.values():
+            self._compare(watched)
 
     def clear(self) -> None:
-        self._noted.clear()
-        self._by_stats.clear()
+        self._watched.clear()
 
-    def _compare(self, index: int) -> None:
-        stats, dataset, noted = self._noted[index]
-        now = _note(dataset)
-        changed = set(stats.dataset_set_after_start)
-        for prefix in noted.keys() | now.keys():
-            before, after = noted.get(prefix, {}), _vars(_holder(dataset, prefix))
-            for name in before.keys() | after.keys():
-                if name not in before or name not in after or not _same(before[name], after[name]):
-                    changed.add(prefix + name)
-        stats.dataset_set_after_start = sorted(changed)
-        self._noted[index] = (stats, dataset, now)
+    @staticmethod
+    def _compare(watched: _Watched) -> None:
+        changed = _changed(watched.noted, watched.dataset) - watched.own
+        watched.stats.dataset_set_after_start = sorted(changed | set(watched.stats.dataset_set_after_start))
+        watched.noted = _note(watched.dataset)
+
+
+def _changed(noted: dict[str, dict[str, Token]], dataset: Any) -> set[str]:
+    """The names (a held dataset's with its prefix) whose value changed, appeared or went since `noted`."""
+    changed = set()
+    for prefix in noted.keys() | {prefix for prefix, _ in _datasets(dataset)}:
+        before, after = noted.get(prefix, {}), _vars(_holder(dataset, prefix))
+        for name in before.keys() | after.keys():
+            if name not in before or name not in after or not _same(before[name], after[name]):
+                changed.add(prefix + name)
+    return changed
 
 
 def _note(dataset: Any) -> dict[str, dict[str, Token]]:

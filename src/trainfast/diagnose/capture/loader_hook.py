@@ -21,7 +21,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset
 from torch.utils.data._utils import worker as worker_module
 from torch.utils.data._utils.fetch import _IterableDatasetFetcher, _MapDatasetFetcher
 
-from trainfast.diagnose.capture.dataset_watch import DatasetWatch
+from trainfast.diagnose.capture.dataset_watch import DatasetWatch, Fetches
 from trainfast.diagnose.capture.sites import site_of
 from trainfast.diagnose.capture.worker_clock import WorkerClock
 from trainfast.diagnose.records.capture import Site
@@ -67,9 +67,10 @@ class LoaderHook:
                 if stats.epochs == 0:
                     self._keep_alive.append(loader)
                 stats.epochs += 1
-                if isinstance(loader, DataLoader):  # (threads share the script's dataset: no copy to go stale)
-                    self.dataset_watch.started(stats, _user_dataset(loader))
-                return _TimedIterator(it, stats, inst, started, loader if isinstance(loader, ThreadLoader) else None)
+                fetches = self.dataset_watch.started(stats, _user_dataset(loader), in_process=not loader.num_workers) \
+                    if isinstance(loader, DataLoader) else None  # (threads share the script's dataset: no copy)
+                return _TimedIterator(it, stats, inst, started, loader if isinstance(loader, ThreadLoader) else None,
+                                      fetches)
             return timed_iter
 
         for owner in (DataLoader, TensorLoader, ThreadLoader):
@@ -136,9 +137,10 @@ class _TimedIterator:
     """Wraps a loader's iterator: times each `next()`; everything else passes through."""
 
     def __init__(self, it: Iterator[Any], stats: LoaderStats, inst: Watching, started: float,
-                 threads: Any = None) -> None:
+                 threads: Any = None, fetches: Fetches | None = None) -> None:
         self._it, self._stats, self._inst, self._started = it, stats, inst, started
         self._threads = threads  # a ThreadLoader: its threads time their batches themselves
+        self._fetches = fetches  # the first batches' fetches, watched for what the dataset sets itself
         self._first = True
         self._slow = False  # the last batch took TIMED_WAIT_S or more (an epoch's first is not timed: its start-up)
 
@@ -150,6 +152,8 @@ class _TimedIterator:
         if inst.scanning:
             inst.discover("batch")
         stats = self._stats
+        fetches = self._fetches  # (its notes outside the timed wait: the doctor's time, not the loader's)
+        noted = fetches.before() if fetches is not None else None
         timed = self._slow and not stats.num_workers  # (TIMED_WAIT_S)
         queued = queued_s() if timed else 0.0
         asked, cpu = perf_counter(), thread_time() if timed else 0.0
@@ -159,6 +163,8 @@ class _TimedIterator:
         finally:
             inst.fetching = False
         got = perf_counter()
+        if fetches is not None and noted is not None and not fetches.after(noted):
+            self._fetches = None
         self._slow = got - asked >= TIMED_WAIT_S
         threads = self._threads
         if threads is not None:  # a thread-backed loader's own account of its threads' batches
