@@ -36,9 +36,16 @@ APPLYING = ("trainfast run: applying 1 verified fix(es) from {}: num_workers (nu
             "verified 1.84x)\n")
 
 
+# what --verify decided of it (verify.gains.<fix>: trainfast.decide's decision, and how it trains)
+DECIDED = {"num_workers": {"median": 1.84, "trains_same": True, "trains_differently": None, "decision": {
+    "verdict": "faster", "ratio": 1.84, "low": 1.47, "high": 2.3, "pairs": 1, "threshold": 1.03, "detectable": 1.25,
+    "pairs_needed": 4, "confidence": 0.96, "sd": 0.065, "set_aside": 0}}}
+
+
 def write_report(tmp_path: Path, *fixes: dict[str, Any]) -> Path:
     path = tmp_path / "report.json"
-    path.write_text(json.dumps({"verdict": "input_bound", "recommendations": list(fixes or [WORKERS])}))
+    path.write_text(json.dumps({"verdict": "input_bound", "recommendations": list(fixes or [WORKERS]),
+                                "verify": {"gains": DECIDED}}))
     return path
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from trainfast.diagnose.records.findings import Recommendation
 from trainfast.diagnose.report.verify import verify_fixes
+from trainfast.diagnose.report.verify_gains import kept
 from trainfast.diagnose.report.verify_runs import child_env, run_child
-from trainfast.decide import FASTER
 
 SCRIPT = Path(__file__).parent / "scripts" / "task_wrapper_amp.py"
 SMALL = ["--threads", "1", "--image-size", "16", "--width", "16", "--batch-size", "8", "--accum", "1"]
@@ -39,8 +39,11 @@ def test_channels_last_bf16_and_compile_are_injected_into_the_unmodified_script_
     assert "bfloat16 autocast around its training forwards" in runs["amp"]["events"][0]
     assert runs["compile"]["events"] == [runs["compile"]["events"][0]]  # compiled, no fall-back
     assert all(r.gain_basis == "verified" for r in ranked)
-    faster = sorted(i for i, g in info["gains"].items() if g["median"] >= FASTER)
-    if faster:  # what this machine measured faster alone, measured together
+    # float rounding (bf16, a compiled step, a layout) is no change of what is learned: the loss stays within the
+    # baselines' spread
+    assert all(g["trains_same"] is True for g in info["gains"].values()), info["gains"]
+    faster = sorted(i for i, g in info["gains"].items() if kept(g))
+    if faster:  # what this machine decided faster alone (and training the same), measured together
         together = info["set"]
         assert sorted(together["ids"]) == faster and together["median"] is not None, together
         assert len(faster) == 1 or [r["fix"] for r in info["runs"]][-2:] == ["set", "baseline"]

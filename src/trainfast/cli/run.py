@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainfast.launch import launch_env
 from trainfast.decide import FASTER
+from trainfast.launch import launch_env
 
 if TYPE_CHECKING:
     from trainfast.diagnose.run.apply import NothingToApply
@@ -27,10 +27,11 @@ EXAMPLES = """examples:
 
 The script runs unmodified and to its end, in this process as __main__ (as `python train.py ARGS` would: its own
 sys.argv, its folder first on sys.path; with -m the current folder), with none of the doctor's hooks.
-Without --fix, the fixes applied are those `trainfast doctor --verify` measured at least {faster}x as fast that can be
-injected (their `overrides` in the JSON report); with --fix, exactly the ones named, each in the report with
-overrides (one not verified faster gets a warning). Where two fixes set one setting differently, the one ranked
-higher in the report wins, and a note says so.
+Without --fix, the fixes applied are those `trainfast doctor --verify` decided faster (by at least {faster}x, beyond
+the runs' noise) that train the same (their loss within the baselines' spread, and not known to change what the
+model sees) and can be injected (their `overrides` in the JSON report); with --fix, exactly the ones named, each in
+the report with overrides (one not verified faster, or that trains differently, gets a warning line saying so).
+Where two fixes set one setting differently, the one ranked higher in the report wins, and a note says so.
 What is applied is said once on stderr before the script starts (rank 0 only under torchrun; -q leaves it out),
 and what happened to the fixes (a compile that fell back, ...) after it ends; the script's stdout stays its own.
 Exit code: the script's own (sys.exit(n): n; an exception: 1, with its traceback; Ctrl-C: 130); 2 before the
@@ -46,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        epilog=EXAMPLES.replace("{faster}", f"{FASTER:g}"),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--apply", type=Path, required=True, metavar="REPORT",
-                   help="a `trainfast doctor --verify --json` report: its fixes verified faster are applied")
+                   help="a `trainfast doctor --verify --json` report: its fixes verified faster that train the same "
+                        "are applied")
     p.add_argument("--fix", action="append", default=None, metavar="ID",
                    help="apply this fix of the report (repeat for more) instead of the verified ones")
     p.add_argument("-m", dest="module", default=None, metavar="MODULE", help="run a module instead of a script")

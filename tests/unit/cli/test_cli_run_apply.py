@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from trainfast.cli import main
+from trainfast.decide import FASTER, Decision
 from trainfast.diagnose.run.apply import (
     ApplyError,
     Fix,
@@ -20,23 +21,40 @@ from trainfast.diagnose.run.apply import (
     fixes_to_apply,
     load_report,
 )
-from trainfast.decide import FASTER
+
+DIFFERS = "loss 4.1 with it against the baselines' 0.02 over steps 8-13: beyond the 0.05 their spread allows"
 
 
-def fix(fix_id: str, gain: float | None = None, basis: str = "verified", **overrides: Any) -> dict[str, Any]:
-    """A recommendation as the JSON report holds it (the fields `run --apply` reads, and a title)."""
-    return {"id": fix_id, "title": fix_id, "measured_gain": gain, "gain_basis": basis,
-            "overrides": overrides or None}
+def decision(verdict: str, ratio: float) -> dict[str, Any]:
+    """--verify's decision of a fix as the report's `verify.gains.<fix>.decision` holds it (trainfast.decide)."""
+    return {"verdict": verdict, "ratio": ratio, "low": ratio / 1.25, "high": ratio * 1.25, "pairs": 1,
+            "threshold": FASTER, "detectable": 1.25, "pairs_needed": 4, "confidence": 0.96, "sd": 0.07,
+            "set_aside": 0}
+
+
+def fix(fix_id: str, gain: float | None = None, basis: str = "verified", verdict: str | None = None,
+        differs: str | None = None, **overrides: Any) -> dict[str, Any]:
+    """A recommendation as the JSON report holds it (the fields `run --apply` reads, and a title), with what
+    --verify decided of it (`verdict`, `differs`: why it trains differently) for `report` to put in `verify.gains`."""
+    rec = {"id": fix_id, "title": fix_id, "measured_gain": gain, "gain_basis": basis, "overrides": overrides or None}
+    if verdict is not None and gain is not None:
+        rec["gain"] = {"median": gain, "decision": decision(verdict, gain), "trains_same": differs is None,
+                       "trains_differently": differs}
+    return rec
 
 
 def report(*fixes: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"recommendations": list(fixes), **extra}
+    recs = [{k: v for k, v in f.items() if k != "gain"} for f in fixes]
+    gains = {f["id"]: f["gain"] for f in fixes if "gain" in f}
+    if gains:
+        extra["verify"] = extra.get("verify", {}) | {"gains": gains}
+    return {"recommendations": recs, **extra}
 
 
 VERIFIED = report(
-    fix("num_workers", 1.84, num_workers=4, persistent_workers=True),
-    fix("threads", 1.02, threads=2),  # verified, but within the noise: not faster
-    fix("pin_memory", FASTER, pin_memory=True),  # exactly the margin counts as faster
+    fix("num_workers", 1.84, verdict="faster", num_workers=4, persistent_workers=True),
+    fix("threads", 1.02, verdict="inconclusive", threads=2),  # verified, but within the noise: not faster
+    fix("pin_memory", FASTER, verdict="faster", pin_memory=True),  # the decision, not the ratio, says faster
     fix("startup", None, basis="measured"),  # nothing to inject: it needs an edit
     fix("tf32", 1.5, basis="measured", tf32=True),  # measured in the run, never re-run by --verify
     fix("cudnn_benchmark", None, cudnn_benchmark=True),  # verified, but its re-run gave no figure
@@ -52,23 +70,53 @@ def test_by_default_the_fixes_verified_faster_that_can_be_injected_in_the_report
     chosen = fixes_to_apply(VERIFIED)
     assert ids(chosen) == ["num_workers", "pin_memory"]
     assert chosen.overrides == {"num_workers": 4, "persistent_workers": True, "pin_memory": True}
-    assert chosen.fixes[0] == Fix("num_workers", 1.84, {"num_workers": 4, "persistent_workers": True}, "verified")
+    said = Decision(**decision("faster", 1.84)).said("the baseline", "it")
+    assert chosen.fixes[0] == Fix("num_workers", 1.84, {"num_workers": 4, "persistent_workers": True}, "verified",
+                                  "faster", said)
     assert chosen.notes == chosen.warnings == ()
+
+
+def test_a_fix_that_trains_differently_is_applied_only_when_named_with_one_warning_and_both_losses() -> None:
+    differs = report(fix("num_workers", 1.84, verdict="faster", differs=DIFFERS, num_workers=2,
+                         persistent_workers=True),
+                     fix("pin_memory", 1.3, verdict="faster", pin_memory=True))
+    assert ids(fixes_to_apply(differs)) == ["pin_memory"]
+    with pytest.raises(NothingToApply) as caught:
+        fixes_to_apply(report(fix("num_workers", 1.84, verdict="faster", differs=DIFFERS, num_workers=2)))
+    assert str(caught.value).startswith("no verified fix was decided at least 1.03x as fast and trains the same "
+                                        f"(num_workers measured 1.84x, trains differently: {DIFFERS})")
+    chosen = fixes_to_apply(differs, ["num_workers"])
+    assert ids(chosen) == ["num_workers"]
+    assert chosen.warnings == (f"fix num_workers trains differently: {DIFFERS}; applied as asked",)
+    assert describe(chosen, "r.json") == ("applying 1 fix(es) from r.json: num_workers (num_workers=2, "
+                                          "persistent_workers=True; measured 1.84x, trains differently)")
+
+
+def test_a_report_without_decisions_applies_nothing_by_default() -> None:
+    """A report --verify wrote before it decided (a ratio, no `decision`): its ratio alone is no verdict."""
+    old = report(fix("num_workers", 1.84, num_workers=2))
+    with pytest.raises(NothingToApply, match=r"num_workers measured 1\.84x \(no decision: a report from an older"):
+        fixes_to_apply(old)
+    assert fixes_to_apply(old, ["num_workers"]).warnings == (
+        "fix num_workers measured 1.84x with --verify, which decided nothing of it (a report from an older "
+        "trainfast: re-run trainfast doctor --verify); applied as asked",)
 
 
 def test_a_fix_named_with_fix_is_applied_whatever_its_gain_with_a_warning_when_not_verified_faster() -> None:
     chosen = fixes_to_apply(VERIFIED, ["tf32", "threads", "num_workers", "threads"])
     assert ids(chosen) == ["num_workers", "threads", "tf32"]  # the report's order, once each
     assert chosen.overrides == {"num_workers": 4, "persistent_workers": True, "threads": 2, "tf32": True}
+    said = Decision(**decision("inconclusive", 1.02)).said("the baseline", "it")
+    assert said.startswith("cannot tell it from the baseline at 1.03x")
     assert chosen.warnings == (
-        "fix threads measured 1.02x with --verify, not at least 1.03x as fast; applied as asked",
+        f"fix threads is not decided at least 1.03x as fast by --verify ({said}); applied as asked",
         "fix tf32 was never verified (run `trainfast doctor --verify` to measure it); applied as asked")
 
 
 def test_two_fixes_setting_one_key_differently_the_higher_ranked_wins_and_a_note_says_so() -> None:
-    chosen = fixes_to_apply(report(fix("num_workers", 1.8, num_workers=4, persistent_workers=True),
-                                   fix("pin_memory", 1.2, num_workers=2, pin_memory=True),
-                                   fix("prefetch", 1.1, num_workers=4, prefetch_factor=4)))
+    chosen = fixes_to_apply(report(fix("num_workers", 1.8, verdict="faster", num_workers=4, persistent_workers=True),
+                                   fix("pin_memory", 1.2, verdict="faster", num_workers=2, pin_memory=True),
+                                   fix("prefetch", 1.1, verdict="faster", num_workers=4, prefetch_factor=4)))
     assert chosen.overrides == {"num_workers": 4, "persistent_workers": True, "pin_memory": True,
                                 "prefetch_factor": 4}
     # prefetch sets the same value: no conflict
@@ -76,8 +124,9 @@ def test_two_fixes_setting_one_key_differently_the_higher_ranked_wins_and_a_note
 
 
 def test_the_applying_line_names_each_fix_its_overrides_and_its_gain() -> None:
-    selection = Selection((Fix("num_workers", 1.84, {"num_workers": 4, "persistent_workers": True}, "verified"),
-                           Fix("channels_last", 1.31, {"memory_format": "channels_last"}, "verified")), {})
+    selection = Selection((Fix("num_workers", 1.84, {"num_workers": 4, "persistent_workers": True}, "verified",
+                               "faster"),
+                           Fix("channels_last", 1.31, {"memory_format": "channels_last"}, "verified", "faster")), {})
     assert describe(selection, "report.json") == (
         "applying 2 verified fix(es) from report.json: num_workers (num_workers=4, persistent_workers=True; "
         "verified 1.84x), channels_last (memory_format=channels_last; verified 1.31x)")
@@ -105,11 +154,12 @@ def test_nothing_to_apply_says_why_and_the_way_out() -> None:
                                  "first: trainfast doctor --verify --json REPORT SCRIPT; or apply one anyway with "
                                  "--fix ID (one of: num_workers)")
     with pytest.raises(NothingToApply) as caught:  # verified, none faster
-        fixes_to_apply(report(fix("num_workers", 0.97, num_workers=2), fix("threads", 1.01, threads=1)))
+        fixes_to_apply(report(fix("num_workers", 0.97, verdict="slower", num_workers=2),
+                              fix("threads", 1.01, verdict="inconclusive", threads=1)))
     assert caught.value.verified
-    assert str(caught.value) == ("no verified fix measured at least 1.03x as fast (num_workers measured 0.97x, "
-                                 "threads measured 1.01x); or apply one anyway with --fix ID (one of: num_workers, "
-                                 "threads)")
+    assert str(caught.value) == ("no verified fix was decided at least 1.03x as fast and trains the same "
+                                 "(num_workers measured 0.97x (slower); threads measured 1.01x (cannot tell)); or "
+                                 "apply one anyway with --fix ID (one of: num_workers, threads)")
     with pytest.raises(NothingToApply, match=r"none has overrides\)$"):
         fixes_to_apply(report(fix("startup", 2.0)))
     with pytest.raises(NothingToApply):
@@ -118,10 +168,12 @@ def test_nothing_to_apply_says_why_and_the_way_out() -> None:
 
 def test_an_override_this_trainfast_does_not_know_names_the_fix() -> None:
     with pytest.raises(ValueError, match=r"^fix warp: unknown override 'warp_drive'; valid overrides: num_workers"):
-        fixes_to_apply(report(fix("num_workers", 1.5, num_workers=2), fix("warp", 1.4, warp_drive=True)))
+        fixes_to_apply(report(fix("num_workers", 1.5, verdict="faster", num_workers=2),
+                              fix("warp", 1.4, verdict="faster", warp_drive=True)))
     with pytest.raises(ValueError, match=r"^fix num_workers: override num_workers=-1: give an integer >= 0"):
-        fixes_to_apply(report(fix("num_workers", 1.5, num_workers=-1)))
-    assert ids(fixes_to_apply(report(fix("num_workers", 1.5, num_workers=2), fix("warp", 1.0, warp_drive=True)))) == [
+        fixes_to_apply(report(fix("num_workers", 1.5, verdict="faster", num_workers=-1)))
+    assert ids(fixes_to_apply(report(fix("num_workers", 1.5, verdict="faster", num_workers=2),
+                                     fix("warp", 1.0, verdict="same", warp_drive=True)))) == [
         "num_workers"]  # only the chosen fixes are checked
 
 
@@ -183,7 +235,7 @@ def test_no_fix_to_apply_names_the_doctor_run_that_would_verify_them(tmp_path: P
     (None, (), "no such file"),
     ({"a": 1}, (), 'not a trainfast doctor report (no "recommendations" list)'),
     (VERIFIED, ("--fix", "nope"), "--fix nope is not a fix in the report; the fixes that can be applied: num_workers"),
-    (report(fix("warp", 1.5, warp_drive=1)), (), "fix warp: unknown override 'warp_drive'"),
+    (report(fix("warp", 1.5, verdict="faster", warp_drive=1)), (), "fix warp: unknown override 'warp_drive'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, script: Path, capsys: pytest.CaptureFixture[str],
                                           content: dict[str, Any] | None, argv: tuple[str, ...], said: str) -> None:

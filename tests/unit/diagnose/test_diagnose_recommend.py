@@ -112,6 +112,23 @@ def test_persistent_workers_needs_an_epoch_length_or_a_second_epoch() -> None:
     assert rec.expected_gain == pytest.approx(1 + 2.0 / (40 * 0.1))  # the seen epoch: at most 40 batches
 
 
+def test_workers_that_would_never_see_what_the_loop_sets_on_the_dataset_say_so() -> None:
+    """A curriculum (`ds.noise` set each step) or an epoch attribute set after the loader started: more workers, or
+    workers kept between epochs, hold the copy made when they started (capture/dataset_watch.py)."""
+    more = evidence(verdict="input-bound", fractions=INPUT_BOUND, loaders=(loader(dataset_set_after_start=["noise"]),),
+                    device="cuda")
+    rec = next(r for r in recommend(more) if r.id == "num_workers")
+    assert rec.changes_training == ("the loop sets JpegDataset.noise after loader #0 started; worker processes hold a "
+                                    "copy of the dataset made when they start and never see it: more workers would "
+                                    "train a different model")
+    assert rec.why.endswith(f"; but {rec.changes_training}") and rec.overrides
+    kept = evidence(loaders=(loader(num_workers=2, batches_per_epoch=None, startup_s=[2.0, 2.0], batches=40, epochs=2,
+                                    dataset_set_after_start=["epoch"]),))
+    rec = next(r for r in recommend(kept) if r.id == "persistent_workers")
+    assert rec.changes_training is not None and "JpegDataset.epoch" in rec.changes_training
+    assert rec.changes_training.endswith("kept workers would train a different model")
+
+
 def test_in_memory_names_a_subset_of_tensors() -> None:
     e = evidence(loaders=(loader(in_memory=True, num_workers=1, dataset="Subset of TensorDataset"),),
                  fractions=INPUT_BOUND)
@@ -181,7 +198,8 @@ def test_ranked_measured_first_then_estimates_each_by_expected_gain_unknown_last
         assert known == sorted(known, reverse=True) and gains[len(known):] == [None] * (len(gains) - len(known))
     for r in recs:
         assert set(r.to_json()) == {"id", "title", "why", "fix", "expected_gain", "measured_gain", "gain_basis",
-                                    "gain_basis_reason", "overrides", "run_gain", "where"}
+                                    "gain_basis_reason", "overrides", "run_gain", "where", "changes_training"}
+        assert r.changes_training is None  # nothing set on the dataset: no fix knows it changes what is learned
         assert r.why and r.fix
         assert (r.gain_basis == "estimate") == (r.basis_reason is not None), r  # an estimate says why it is one
 

@@ -205,9 +205,12 @@ FAKE_CHILD = textwrap.dedent("""
     rate = 100.0 * o.get("num_workers", 1) * (0.5 if o.get("pin_memory") else 1)
     report = {"samples_per_s": rate, "verdict": "input-bound", "data_wait_fraction": 0.5,
               "loaders": [{"index": 0, "kind": "DataLoader", "num_workers": o.get("num_workers", 0),
-                           "pin_memory": bool(o.get("pin_memory")), "persistent_workers": False,
-                           "prefetch_factor": None}]}
-    json.dump({"exit_code": 0, "error": None, "report": report}, open(spec["out"], "w"))
+                           "pin_memory": bool(o.get("pin_memory")),
+                           "persistent_workers": bool(o.get("persistent_workers")), "prefetch_factor": None}]}
+    # the script's loss over steps 0-9, measured 2-9; persistent workers train on another dataset: 1.0 higher
+    losses = [2.0 - 0.05 * i + 0.02 * (i % 2) + (1.0 if o.get("persistent_workers") else 0.0) for i in range(10)]
+    loss = {"first": 0, "values": losses, "steps": [2, 9], "unseen": None}
+    json.dump({"exit_code": 0, "error": None, "report": report, "loss": loss}, open(spec["out"], "w"))
 """)
 
 
@@ -231,28 +234,49 @@ def test_verify_fixes_aba_gains_failures_and_ranking(fake_child: Path, tmp_path:
         Recommendation("crash", "t", "w", "f", 3.0, overrides={"prefetch_factor": 3, "num_workers": 2}),
         Recommendation("hang", "t", "w", "f", 2.5, overrides={"prefetch_factor": 4, "num_workers": 2}),
         Recommendation("faster", "t", "w", "f", 1.2, overrides={"num_workers": 4}),
+        Recommendation("differs", "t", "w", "f", 1.1, overrides={"num_workers": 3, "persistent_workers": True}),
         Recommendation("bad", "t", "w", "f", 1.1, overrides={"workers": 3}),
         Recommendation("manual", "t", "w", "f", None),
     ]
     lines: list[str] = []
     ranked, info = verify_fixes(str(tmp_path / "train.py"), args=["data"], recommendations=recs, steps=5,
                                 warmup=1, max_seconds=1.0, startup_margin_s=1.0, progress=lines.append)
-    assert [r["fix"] for r in info["runs"]] == ["baseline", "slower", "crash", "hang", "faster", "baseline"]
+    assert [r["fix"] for r in info["runs"]] == ["baseline", "slower", "crash", "hang", "faster", "differs",
+                                               "baseline"]
     gains = {r.id: r.measured_gain for r in ranked}
-    assert gains == {"faster": 4.0, "hang": None, "crash": None, "bad": None, "manual": None, "slower": 0.5}
+    assert gains == {"faster": 4.0, "differs": 3.0, "hang": None, "crash": None, "bad": None, "manual": None,
+                     "slower": 0.5}
     # by measured gain, else expected gain; then no estimate; the measured slowdown last
-    assert [r.id for r in ranked] == ["faster", "crash", "hang", "bad", "manual", "slower"]
+    assert [r.id for r in ranked] == ["faster", "differs", "crash", "hang", "bad", "manual", "slower"]
     assert info["baseline_samples_per_s"] == [100.0, 100.0] and info["baseline_drift"] == [1.0]
-    assert info["gains"]["faster"] == {"median": 4.0, "min": 4.0, "max": 4.0, "measured_repeats": 1, "error": None}
+    faster = info["gains"]["faster"]
+    assert {k: faster[k] for k in ("median", "min", "max", "measured_repeats", "error")} == {
+        "median": 4.0, "min": 4.0, "max": 4.0, "measured_repeats": 1, "error": None}
+    # one pair, the baselines agreeing: the prior's spread alone (+-25 % at 3 degrees of freedom) decides 4x
+    assert faster["decision"]["verdict"] == "faster" and faster["decision"]["low"] > 3.0
+    assert faster["trains_same"] is True and faster["trains_differently"] is None
+    assert faster["loss"]["steps"] == [6, 9] and faster["loss"]["fix"] == pytest.approx(1.635)
+    assert info["gains"]["slower"]["decision"]["verdict"] == "slower"
+    differs = info["gains"]["differs"]
+    assert differs["decision"]["verdict"] == "faster" and differs["trains_same"] is False
+    assert differs["trains_differently"].startswith("loss 2.635 with it against the baselines' 1.635 over steps 6-9")
+    assert info["set"]["ids"] == ["faster"]  # faster but training differently: left out of the set
+    assert info["runs"][0]["loss"] == pytest.approx(1.635) and len(info["runs"][0]["losses"]) == 10
     assert "fell over" in info["gains"]["crash"]["error"]
     assert "timed out" in info["gains"]["hang"]["error"] and "stuck" in info["runs"][3]["error"]
     assert "fell over" in info["runs"][2]["output_tail"]
     assert "unknown override 'workers'" in info["gains"]["bad"]["error"]
     assert "manual" not in info["gains"]
     json.dumps(info)  # JSON-able, for Report.verify
-    assert len(lines) == 2 * 6 and "faster: 400.0 samples/s" in lines[9]
+    assert "faster: 400.0 samples/s" in lines[9] and "(loss 1.635)" in lines[9]
+    said = lines[2 * 7:]  # after each run's two lines: each fix's verdict, then the set's
+    assert said[0].startswith("verify: cannot tell") or said[0].startswith("verify: slower is slower than the "
+                                                                            "baseline: 0.50x"), said
+    assert [line for line in said if "differs is faster (3.00x" in line and "but trains differently: loss 2.635"
+            in line], said
+    assert said[-1] == "verify: together: one fix kept alone: the set is faster" and len(said) == 7
     children = [json.loads(line) for line in fake_child.read_text().splitlines()]
-    assert len(children) == 6  # the invalid override never ran
+    assert len(children) == 7  # the invalid override never ran
     assert len({(json.dumps(c["env"]), c["cwd"]) for c in children}) == 1  # the overrides are the only difference
 
 

@@ -66,7 +66,8 @@ class Instrumentation:
         self.collectives = Collectives(timeline.communicated, lambda: self.paused)
         self.model = ModelHook(self)
         self.loader = LoaderHook(self, on_loader)
-        self.hooks: list[Hook] = [self.loader, StepHook(self, self.model), self.model, TensorHook(
+        self.steps = StepHook(self, self.model)  # its `losses`: the script's loss per step (losses.py)
+        self.hooks: list[Hook] = [self.loader, self.steps, self.model, TensorHook(
             self, self.model, time_transfers=torch.cuda.is_available() if time_transfers is None else time_transfers),
             MarkHook(self)]
         # what the other hooks and the doctor call, bound once (the hot paths read them as attributes)

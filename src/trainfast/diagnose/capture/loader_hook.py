@@ -1,7 +1,8 @@
 """The loaders' hook: every DataLoader (and trainfast's `TensorLoader` and `ThreadLoader`) the script iterates is
 described (its settings: `describe_loader`) and its iterator wrapped to time each `next()` (data wait), the worker
 start-up of each epoch (`iter()` to first batch) and the batch bytes; worker processes forked while it is installed
-time their own batches into the `WorkerClock` (worker_clock.py). One `perf_counter` pair per batch; a batch made in
+time their own batches into the `WorkerClock` (worker_clock.py); what the loop sets on a DataLoader's dataset after
+it started is noted (dataset_watch.py). One `perf_counter` pair per batch; a batch made in
 the main thread (no workers) after a slow one is also timed for its CPU and run-queue time (`TIMED_WAIT_S`)."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Subset, TensorDataset
 from torch.utils.data._utils import worker as worker_module
 from torch.utils.data._utils.fetch import _IterableDatasetFetcher, _MapDatasetFetcher
 
+from trainfast.diagnose.capture.dataset_watch import DatasetWatch, Fetches
 from trainfast.diagnose.capture.sites import site_of
 from trainfast.diagnose.capture.worker_clock import WorkerClock
 from trainfast.diagnose.records.capture import Site
@@ -50,6 +52,7 @@ class LoaderHook:
         self._keep_alive: list[Any] = []  # loaders described: their id() must stay unique while measuring
         self._made: weakref.WeakKeyDictionary[Any, Site] = weakref.WeakKeyDictionary()  # where each was constructed
         self.sites: list[Site] = []  # the described loaders' (Site.index: their LoaderStats.index)
+        self.dataset_watch = DatasetWatch()  # what the loop sets on a dataset after its loader started
 
     def install(self, patch: Patch) -> None:
         inst = self.inst
@@ -64,7 +67,10 @@ class LoaderHook:
                 if stats.epochs == 0:
                     self._keep_alive.append(loader)
                 stats.epochs += 1
-                return _TimedIterator(it, stats, inst, started, loader if isinstance(loader, ThreadLoader) else None)
+                fetches = self.dataset_watch.started(stats, _user_dataset(loader), in_process=not loader.num_workers) \
+                    if isinstance(loader, DataLoader) else None  # (threads share the script's dataset: no copy)
+                return _TimedIterator(it, stats, inst, started, loader if isinstance(loader, ThreadLoader) else None,
+                                      fetches)
             return timed_iter
 
         for owner in (DataLoader, TensorLoader, ThreadLoader):
@@ -82,6 +88,8 @@ class LoaderHook:
         patch(worker_module, "_worker_loop", _TimingWorkerLoop(self.worker_clock, worker_module._worker_loop))
 
     def uninstall(self) -> None:
+        self.dataset_watch.check()  # what the loop set on the datasets since their last iter()
+        self.dataset_watch.clear()
         self._keep_alive.clear()  # torch may keep our hooks (and so this) alive: never the script's loaders
 
     def stats_for(self, loader: Any) -> LoaderStats:
@@ -129,9 +137,10 @@ class _TimedIterator:
     """Wraps a loader's iterator: times each `next()`; everything else passes through."""
 
     def __init__(self, it: Iterator[Any], stats: LoaderStats, inst: Watching, started: float,
-                 threads: Any = None) -> None:
+                 threads: Any = None, fetches: Fetches | None = None) -> None:
         self._it, self._stats, self._inst, self._started = it, stats, inst, started
         self._threads = threads  # a ThreadLoader: its threads time their batches themselves
+        self._fetches = fetches  # the first batches' fetches, watched for what the dataset sets itself
         self._first = True
         self._slow = False  # the last batch took TIMED_WAIT_S or more (an epoch's first is not timed: its start-up)
 
@@ -143,6 +152,8 @@ class _TimedIterator:
         if inst.scanning:
             inst.discover("batch")
         stats = self._stats
+        fetches = self._fetches  # (its notes outside the timed wait: the doctor's time, not the loader's)
+        noted = fetches.before() if fetches is not None else None
         timed = self._slow and not stats.num_workers  # (TIMED_WAIT_S)
         queued = queued_s() if timed else 0.0
         asked, cpu = perf_counter(), thread_time() if timed else 0.0
@@ -152,6 +163,8 @@ class _TimedIterator:
         finally:
             inst.fetching = False
         got = perf_counter()
+        if fetches is not None and noted is not None and not fetches.after(noted):
+            self._fetches = None
         self._slow = got - asked >= TIMED_WAIT_S
         threads = self._threads
         if threads is not None:  # a thread-backed loader's own account of its threads' batches
@@ -242,12 +255,10 @@ def describe_loader(loader: Any, index: int) -> LoaderStats:
                            prefetch_factor=loader.prefetch_factor, batch_size=loader.batch_size,
                            in_memory=_tensors_in_memory(loader.dataset), decode=getattr(loader.dataset, "decode", None),
                            batches_per_epoch=per_epoch)
-    dataset = loader.dataset
+    dataset = _user_dataset(loader)
     kind, batch_size = "DataLoader", loader.batch_size
-    inner = getattr(dataset, "dataset", None)
-    if type(dataset).__name__ == "_SeededBatches" and inner is not None:  # make_loader's wrapper
-        kind, dataset = "trainfast Loader", inner
-        batch_size = getattr(loader.sampler, "batch_size", None)
+    if dataset is not loader.dataset:
+        kind, batch_size = "trainfast Loader", getattr(loader.sampler, "batch_size", None)
     workers = loader.num_workers
     context = loader.multiprocessing_context
     return LoaderStats(
@@ -256,6 +267,12 @@ def describe_loader(loader: Any, index: int) -> LoaderStats:
         persistent_workers=loader.persistent_workers, prefetch_factor=loader.prefetch_factor if workers else None,
         batch_size=batch_size, in_memory=_tensors_in_memory(dataset), decode=getattr(dataset, "decode", None),
         batches_per_epoch=per_epoch)
+
+
+def _user_dataset(loader: DataLoader[Any]) -> Any:
+    """The script's dataset: a DataLoader's, or inside make_loader's wrapper (a trainfast Loader's)."""
+    dataset, inner = loader.dataset, getattr(loader.dataset, "dataset", None)
+    return inner if type(dataset).__name__ == "_SeededBatches" and inner is not None else dataset
 
 
 def _dataset_name(dataset: Any) -> str:

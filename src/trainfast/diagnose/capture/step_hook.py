@@ -2,7 +2,8 @@
 optimizer step hooks, `torch.autograd.backward` (with DDP's exposed all-reduce timed around it: comms.py), and
 `GradScaler.step`, which counts as an optimizer step when it skips one and sums the steps it skipped on the device
 (read at report time: reading it synchronises). A counter and a call per step; the first ones also look for the
-model (model_hook.py) and describe what each optimizer trains."""
+model (model_hook.py) and describe what each optimizer trains. Each backward's scalar is kept, unread, as the
+script's loss (losses.py; `GradScaler.scale` is watched for the loss before its scale)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from trainfast.diagnose.capture.losses import Losses
 
 if TYPE_CHECKING:
     from trainfast.diagnose.capture.model_hook import ModelHook
@@ -21,6 +24,7 @@ class StepHook:
     def __init__(self, inst: Watching, model: ModelHook) -> None:
         self.inst, self.model = inst, model
         self.optimizer_stepped = 0  # optimizer steps seen by the hook (a GradScaler's skipped step is not one)
+        self.losses = Losses(inst.timeline, whole_run=inst.ledger is not None)
         self._handles: list[Callable[[], None]] = []
 
     def install(self, patch: Patch) -> None:
@@ -45,6 +49,7 @@ class StepHook:
                          register_optimizer_step_pre_hook(step_begins).remove]
         backward = torch.autograd.backward
         collectives = inst.collectives
+        losses = self.losses
 
         def counted_backward(*args: Any, **kwargs: Any) -> Any:
             ddp = collectives.ddp_backward(args, kwargs) if collectives.installed else None
@@ -55,6 +60,7 @@ class StepHook:
                 return out
             if inst.scanning:
                 inst.discover("backward")
+            losses.backward(args, kwargs, in_closure=timeline._in_optimizer)
             timeline.backward()
             if inst.events is not None:
                 inst.events.work_done()
@@ -82,6 +88,15 @@ class StepHook:
                     observed.scaler_found_inf[key] = found.detach().float() if total is None else total + found
             return out
         patch(scaler_cls, "step", step)
+        scaler_scale = scaler_cls.scale
+        losses = self.losses
+
+        def scale(scaler: Any, outputs: Any) -> Any:
+            out = scaler_scale(scaler, outputs)
+            if isinstance(outputs, torch.Tensor) and out is not outputs and not inst.paused:
+                losses.scaled(out, outputs)
+            return out
+        patch(scaler_cls, "scale", scale)
 
     def uninstall(self) -> None:
         while self._handles:

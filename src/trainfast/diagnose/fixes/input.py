@@ -1,6 +1,8 @@
 """The input pipeline's fixes (the loader's workers: workers.py): in-memory batching, pinned memory, persistent
 workers, the prefetch depth, shared memory, decoding at the training size, copy-on-read. The gain's basis:
-records/findings.py."""
+records/findings.py. A fix that adds worker processes, or keeps them between epochs, where the loop sets attributes on
+the dataset after its loader started (capture/dataset_watch.py) says its workers would never see them
+(workers.py `unseen_by_workers`): it is known to train a different model (`Recommendation.changes_training`)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from trainfast.diagnose.evidence.evidence import Evidence
 from trainfast.diagnose.evidence.periodic import Periodic
 from trainfast.diagnose.evidence.wholerun import RunEvidence
 from trainfast.diagnose.fixes.rule import NEEDS_EDIT, VERIFY_IT, Rule, register, speedup_of_part
+from trainfast.diagnose.fixes.workers import warned
 from trainfast.diagnose.records.findings import Recommendation
 from trainfast.diagnose.records.steps import LoaderStats, main_loader
 from trainfast.diagnose.verdict import DATA_WAIT_BOUND
@@ -80,6 +83,9 @@ class PersistentWorkers(Rule):
     replaces_window = True  # the whole run's measured restarts, when it has them
 
     def propose(self, e: Evidence) -> Recommendation | None:
+        return warned(self._propose(e), e.loaders, kept=True)
+
+    def _propose(self, e: Evidence) -> Recommendation | None:
         loader = main_loader(e.loaders)
         # Only once a second epoch began: a run of one epoch (or one stopped in its first) has no restart to save.
         if (loader is None or loader.num_workers == 0 or loader.persistent_workers or loader.thread_backed
@@ -107,6 +113,9 @@ class PersistentWorkers(Rule):
     def propose_run(self, e: Evidence, run: RunEvidence) -> Recommendation | None:
         """Over a whole run: the epoch starts after the first, less one first batch each (what a kept worker still
         takes to deliver it: the steps' median data wait)."""
+        return warned(self._propose_run(run), run.training_loaders, kept=True)
+
+    def _propose_run(self, run: RunEvidence) -> Recommendation | None:
         restarts = run.restarts_s
         persistent = [s.persistent_workers for s in run.training_loaders]
         if not restarts or not persistent or any(persistent) or run.share["epoch_start"] <= 0:

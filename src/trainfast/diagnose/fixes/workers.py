@@ -1,10 +1,13 @@
 """How many loader workers: more where the step waits for batches (as many as overlap a batch's making with the
 step, and where the reads wait, as many as Little's law needs beyond the cores), fewer where more workers than cores
-only take turns on them."""
+only take turns on them. More worker processes where the loop sets attributes on the dataset after the loader
+started say they would never see them (`warned`; the persistent_workers fix of input.py too)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import replace
 
 from trainfast.diagnose.evidence.evidence import Evidence
 from trainfast.diagnose.fixes.rule import MIN_GAIN, VERIFY_IT, Rule, register
@@ -20,6 +23,30 @@ from trainfast.units import format_bytes
 QUEUED_CONTEND = 0.2
 
 
+def unseen_by_workers(loaders: Sequence[LoaderStats], *, kept: bool) -> str | None:
+    """Why workers (`kept`: kept between epochs) would train on another dataset than the loop's: the attributes it
+    set on a loader's dataset after the loader started. None where it set none."""
+    loader = next((s for s in loaders if s.dataset_set_after_start), None)
+    if loader is None:
+        return None
+    names = loader.dataset_set_after_start
+    what = ", ".join(f"{loader.dataset}.{name}" for name in names[:3]) + (
+        f" and {len(names) - 3} more" if len(names) > 3 else "")
+    copy = "keep the copy of the dataset made when they first start" if kept else \
+        "hold a copy of the dataset made when they start"
+    return (f"the loop sets {what} after loader #{loader.index} started; worker processes {copy} and never see it: "
+            f"{'kept' if kept else 'more'} workers would train a different model")
+
+
+def warned(fix: Recommendation | None, loaders: Sequence[LoaderStats], *, kept: bool) -> Recommendation | None:
+    """The fix, saying (in its `why`, and as `changes_training`) that its workers would not see what the loop sets
+    on the dataset, where it sets something."""
+    caveat = unseen_by_workers(loaders, kept=kept) if fix is not None else None
+    if fix is None or caveat is None:
+        return fix
+    return replace(fix, why=f"{fix.why}; but {caveat}", changes_training=caveat)
+
+
 @register
 class NumWorkers(Rule):
     id = "num_workers"
@@ -30,7 +57,9 @@ class NumWorkers(Rule):
     injects = ("num_workers", "persistent_workers", "threads")
 
     def propose(self, e: Evidence) -> Recommendation | None:
-        return _more_workers(e) or _fewer_workers(e)
+        more = _more_workers(e)
+        return warned(more, e.loaders, kept=False) if more is not None and more.overrides else \
+            more or _fewer_workers(e)
 
     def trials(self, e: Evidence) -> tuple[TrialRequest, ...]:
         """On the CPU, the model step at the intra-op threads the workers would leave it: the fix cites it."""

@@ -221,4 +221,5 @@ def _whole(data: JSON) -> WholeRecord:
 
 def loaders_of(stats: Sequence[LoaderStats]) -> tuple[LoaderStats, ...]:
     """Copies of the hooks' loader figures, which go on changing while the script runs."""
-    return tuple(replace(s, startup_s=list(s.startup_s)) for s in stats)
+    return tuple(replace(s, startup_s=list(s.startup_s), dataset_set_after_start=list(s.dataset_set_after_start))
+                 for s in stats)

@@ -58,6 +58,10 @@ class Recommendation:
     # `doctor --whole-run`: the gain on the whole run's wall time (Amdahl on the phase's share: fixes/run.py)
     run_gain: float | None = None
     where: Where | None = field(default=None, compare=False)  # where to make it permanent (fixes/where.py)
+    # What the fix is known to change in what the model trains on, in words (more loader workers never see what the
+    # loop sets on the dataset: fixes/input.py `unseen_by_workers`); --verify then keeps it out of the set and
+    # `trainfast run --apply` applies it only when named (report/verify_gains.py)
+    changes_training: str | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Recommendation:
@@ -66,7 +70,8 @@ class Recommendation:
                    expected_gain=data.get("expected_gain"), overrides=data.get("overrides"),
                    measured_gain=data.get("measured_gain"), gain_basis=data.get("gain_basis") or "estimate",
                    basis_reason=data.get("gain_basis_reason"), run_gain=data.get("run_gain"),
-                   where=Where(**data["where"]) if data.get("where") else None)
+                   where=Where(**data["where"]) if data.get("where") else None,
+                   changes_training=data.get("changes_training"))
 
     def to_json(self) -> dict[str, object]:
         return {"id": self.id, "title": self.title, "why": self.why, "fix": self.fix,
@@ -74,7 +79,8 @@ class Recommendation:
                 "measured_gain": None if self.measured_gain is None else round(self.measured_gain, 3),
                 "run_gain": None if self.run_gain is None else round(self.run_gain, 3),
                 "gain_basis": self.gain_basis, "gain_basis_reason": self.basis_reason,
-                "overrides": self.overrides, "where": None if self.where is None else self.where.to_json()}
+                "overrides": self.overrides, "where": None if self.where is None else self.where.to_json(),
+                "changes_training": self.changes_training}
 
 
 TOPICS = ("measurement", "noise", "fixes", "job")

@@ -98,6 +98,9 @@ class LoaderStats:
     startup_s: list[float] = field(default_factory=list)  # iter() to first batch, per epoch
     batch_bytes: int | None = None
     image_hw: tuple[int, int] | None = None
+    # attributes of the dataset the loop set after the loader's first iterator started (capture/dataset_watch.py):
+    # worker processes hold a copy made when they start, which never sees them
+    dataset_set_after_start: list[str] = field(default_factory=list)
 
     @property
     def thread_backed(self) -> bool:
@@ -114,7 +117,8 @@ class LoaderStats:
                 "fetch_wall_s": self.fetch_wall_s, "fetch_queued_s": self.fetch_queued_s,
                 "fetch_batches": self.fetch_batches, "epochs": self.epochs,
                 "startup_s": list(self.startup_s), "batch_bytes": self.batch_bytes,
-                "image_hw": list(self.image_hw) if self.image_hw else None}
+                "image_hw": list(self.image_hw) if self.image_hw else None,
+                "dataset_set_after_start": list(self.dataset_set_after_start)}
 
 
 def main_loader(loaders: Sequence[LoaderStats]) -> LoaderStats | None:

@@ -8,9 +8,12 @@ the report with its injectable fixes measured, ranked by what they measured, and
 `verify_fixes` re-runs the script once per fix, each in a fresh process (`python -m trainfast.diagnose.run.child
 SPEC.json`, which runs the doctor inside `apply_overrides`), between two runs of the unchanged script: base, fix 1,
 ..., fix N, base (ABA), so drift over the runs shows. A fix's measured gain is its samples/s over the mean of the
-two baselines of the same repeat; over several repeats, the
-median. Every child gets the same environment, working directory and interpreter: the overrides, passed
-in the spec file, are the only difference between a fix's run and the baseline. Before the first child, the parent
+two baselines of the same repeat; over several repeats, the median. Whether it is faster is decided
+(report/verify_gains.py, with decide.py's `decide`: one pair a repeat, the two baselines the spread of a setting
+against itself), and whether it trains the same (its loss against the baselines', records/losses.py): a fix is kept,
+for the set and for `trainfast run --apply`, only when decided faster and not known to train differently. Every
+child gets the same environment, working directory and interpreter: the overrides, passed in the spec file, are the
+only difference between a fix's run and the baseline. Before the first child, the parent
 hands back what it can of the device memory its own run left (the children need it).
 
 Not under torchrun: every rank would start its own children, each inheriting the rank's RANK, WORLD_SIZE,
@@ -34,14 +37,23 @@ from typing import Any
 
 import torch
 
+from trainfast.decide import FASTER, decide
 from trainfast.diagnose.capture.inject import check_overrides, merge_overrides
 from trainfast.diagnose.capture.stop import launched_ranks
 from trainfast.diagnose.fixes.rule import rank
 from trainfast.diagnose.records.findings import Recommendation
 from trainfast.diagnose.report.report import Report
+from trainfast.diagnose.report.verify_gains import (
+    BASELINE,
+    Pair,
+    gain_entry,
+    gain_line,
+    kept,
+    loss_check,
+    trains_entry,
+)
 from trainfast.diagnose.report.verify_runs import child_env, run_child
 from trainfast.loader.auto import batches_in_flight
-from trainfast.decide import FASTER
 
 log = logging.getLogger("trainfast.diagnose")
 
@@ -49,8 +61,8 @@ log = logging.getLogger("trainfast.diagnose")
 # A child pays the Python + torch import and the report on top of the doctor's own --max-seconds.
 STARTUP_MARGIN_S = 60.0
 
-
-BASELINE = "baseline"
+# The loss keys of a fix that never ran (its overrides are not valid): nothing to compare
+NOT_RUN: dict[str, Any] = {"trains_same": None, "trains_differently": None, "loss": None}
 
 
 def torchrun_refusal(target: str, *, module: bool, env: Mapping[str, str] | None = None) -> str | None:
@@ -94,13 +106,9 @@ def _record(label: str, overrides: dict[str, Any] | None, say: Callable[[str], N
     if run["error"]:
         say(f"verify {n}/{total}: {label} failed after {run['seconds']:.1f} s: {run['error']}")
     else:
-        say(f"verify {n}/{total}: {label}: {run['samples_per_s']:,.1f} samples/s in {run['seconds']:.1f} s")
+        loss = f" (loss {run['loss']:.4g})" if run.get("loss") is not None else ""
+        say(f"verify {n}/{total}: {label}: {run['samples_per_s']:,.1f} samples/s in {run['seconds']:.1f} s{loss}")
     return run
-
-
-def _gain(values: list[float], error: str | None = None) -> dict[str, Any]:
-    return {"median": statistics.median(values) if values else None, "min": min(values, default=None),
-            "max": max(values, default=None), "measured_repeats": len(values), "error": None if values else error}
 
 
 def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | None = None,
@@ -108,10 +116,12 @@ def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | Non
                  max_seconds: float | None = 300.0, repeats: int = 1, whole_run: bool = False,
                  progress: Callable[[str], None] | None = None,
                  startup_margin_s: float = STARTUP_MARGIN_S) -> tuple[list[Recommendation], dict[str, Any]]:
-    """Re-run `target` per fix with `overrides` (fresh processes, ABA with a baseline), then the set of fixes
-    verified faster applied at once (`SET`, each repeat followed by one more baseline); return the recommendations
-    with `measured_gain` filled and ranked (fixes/rule.py `rank`), and the record for `Report.verify`. `whole_run`:
-    each child runs the script to its end, and a run's figure is its samples over its whole wall time."""
+    """Re-run `target` per fix with `overrides` (fresh processes, ABA with a baseline), each decided faster or not and
+    its loss compared with the baselines' (verify_gains.py), then the set of fixes kept (decided faster, training the
+    same) applied at once (`SET`, each repeat followed by one more baseline); return the recommendations with
+    `measured_gain` filled and ranked (fixes/rule.py `rank`), and the record for `Report.verify`. `whole_run`: each
+    child runs the script to its end, a run's figure is its samples over its whole wall time and its loss its last
+    steps'."""
     if repeats < 1:
         raise ValueError(f"repeats={repeats!r}: give 1 or more")
     refusal = torchrun_refusal(target, module=module)
@@ -131,7 +141,8 @@ def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | Non
     info: dict[str, Any] = {"runs": runs, "baseline_samples_per_s": [], "gains": {}, "seconds": 0.0,
                             "repeats": repeats, "steps": steps, "warmup": warmup, "baseline_drift": [],
                             "whole_run": whole_run, "set": None}
-    gains: dict[str, dict[str, Any]] = {r.id: _gain([], invalid.get(r.id)) for r in recommendations if r.overrides}
+    gains: dict[str, dict[str, Any]] = {r.id: gain_entry([], [], invalid.get(r.id)) | NOT_RUN
+                                        for r in recommendations if r.overrides}
     info["gains"] = gains
     if not fixes:
         info["note"] = "no fix could be injected into the script: nothing was re-run"
@@ -143,7 +154,8 @@ def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | Non
     spec = {"target": target, "module": module, "args": list(args or []), "steps": steps, "warmup": warmup,
             "max_seconds": max_seconds, "whole_run": whole_run}
     timeout_s = None if max_seconds is None else max_seconds + startup_margin_s
-    ratios: dict[str, list[float]] = {r.id: [] for r, _ in fixes}
+    pairs: dict[str, list[Pair]] = {r.id: [] for r, _ in fixes}
+    nulls: list[Pair] = []  # each repeat's (baseline before, baseline after): the setting against itself
     errors: dict[str, str] = {}
     _free_device_memory()
     with tempfile.TemporaryDirectory(prefix="trainfast-verify-") as tmp:
@@ -158,6 +170,7 @@ def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | Non
             good = [r["samples_per_s"] for r in bases if not r["error"]]
             if len(good) == 2:
                 info["baseline_drift"].append(good[1] / good[0])
+                nulls.append((good[0], good[1]))
             for run in this_repeat:
                 if run["fix"] == BASELINE:
                     continue
@@ -166,15 +179,19 @@ def verify_fixes(target: str, *, module: bool = False, args: Sequence[str] | Non
                 elif run["error"]:
                     errors.setdefault(run["fix"], run["error"])
                 else:
-                    ratios[run["fix"]].append(run["samples_per_s"] / statistics.fmean(good))
-        measured: dict[str, float] = {}
-        for fix_id, values in ratios.items():
-            gains[fix_id] = _gain(values, gains[fix_id]["error"] or errors.get(fix_id))
-            if values:
-                measured[fix_id] = statistics.median(values)
-        info["set"] = _verify_set([(r, o) for r, o in fixes if measured.get(r.id, 0.0) >= FASTER], gains,
-                                  runs, repeats, say, **child)
+                    pairs[run["fix"]].append((statistics.fmean(good), run["samples_per_s"]))
+        base_runs = [run for run in runs if run["fix"] == BASELINE]
+        for r, _ in fixes:
+            gains[r.id] = gain_entry(pairs[r.id], nulls, gains[r.id]["error"] or errors.get(r.id)) | trains_entry(
+                loss_check([run for run in runs if run["fix"] == r.id], base_runs), r.changes_training)
+        for fix_id, gain in gains.items():
+            say(f"verify: {gain_line(fix_id, gain)}")
+        info["set"] = _verify_set([(r, o) for r, o in fixes if kept(gains[r.id])], gains, runs, repeats, say,
+                                  nulls=nulls, alone=pairs, **child)
+        if info["set"] is not None:
+            say(f"verify: {set_line(info['set'])}")
     info["seconds"] = time.perf_counter() - started
+    measured = {fix_id: gain["median"] for fix_id, gain in gains.items() if gain["median"] is not None}
     verified = [replace(r, measured_gain=measured[r.id], gain_basis="verified", basis_reason=None)
                 if r.overrides and r.id in measured else r for r in recommendations]
     return rank(verified), info
@@ -193,28 +210,30 @@ def steady_warmup(warmup: int, overrides: Mapping[str, Any] | None) -> int:
 
 
 def _verify_set(members: list[tuple[Recommendation, dict[str, Any]]], gains: Mapping[str, Mapping[str, Any]],
-                runs: list[dict[str, Any]], repeats: int, say: Callable[[str], None],
-                **child: Any) -> dict[str, Any] | None:
-    """The fixes verified faster alone, applied at once (the set a user would apply), each repeat followed by one
-    more baseline: its gain over the baselines on either side. A member "vanishes" in the set where the set is not
-    `FASTER` than the best of the others alone (more workers taking the cores threads had; a layout that changes
-    what bf16 gains)."""
+                runs: list[dict[str, Any]], repeats: int, say: Callable[[str], None], *, nulls: Sequence[Pair],
+                alone: Mapping[str, Sequence[Pair]], **child: Any) -> dict[str, Any] | None:
+    """The fixes kept alone (verify_gains.py `kept`: decided faster, training the same), applied at once (the set a
+    user would apply), each repeat followed by one more baseline: its decision against the baselines on either side
+    (their pairs, and the fixes' baselines, as `null_pairs`). A member "vanished" in the set where the set's gains are
+    decided no faster (by `FASTER`) than the best of the others' alone (more workers taking the cores threads had; a
+    layout that changes what bf16 gains); "undecided" where that cannot be told either way (two repeats of runs that
+    differ ~8 % tell a 1.03x difference from none only rarely: decide.py's `RUN_NOISE`)."""
     if not members:
         return None
     measured = {fix_id: gain["median"] for fix_id, gain in gains.items() if gain["median"] is not None}
     members = sorted(members, key=lambda m: -measured[m[0].id])  # the rank of what they measured: first wins
     ids = [r.id for r, _ in members]
     merged, dropped = merge_overrides([(r.id, o) for r, o in members])
-    entry: dict[str, Any] = {"ids": ids, "overrides": merged, "dropped": dropped, "vanished": [], "runs": [],
-                             **_gain([])}
+    entry: dict[str, Any] = {"ids": ids, "overrides": merged, "dropped": dropped, "vanished": [], "undecided": [],
+                             "runs": [], **gain_entry([], nulls)}
     if len(members) == 1:  # its own runs are the set's
-        entry.update({k: gains[ids[0]][k] for k in ("median", "min", "max", "measured_repeats", "error")},
-                     note=f"one fix verified faster alone: the set is {ids[0]}")
+        entry.update(gains[ids[0]], note=f"one fix kept alone: the set is {ids[0]}")
         return entry
-    say(f"verify: the {len(ids)} fixes verified faster, at once: {', '.join(ids)}"
+    say(f"verify: the {len(ids)} fixes kept alone, at once: {', '.join(ids)}"
         + (f" ({'; '.join(dropped)})" if dropped else ""))
     total = len(runs) + 2 * repeats
-    values: list[float] = []
+    pairs: list[Pair] = []
+    set_nulls = list(nulls)
     error = None
     for repeat in range(repeats):
         before = next((r for r in reversed(runs) if r["fix"] == BASELINE), None)
@@ -223,14 +242,23 @@ def _verify_set(members: list[tuple[Recommendation, dict[str, Any]]], gains: Map
         runs[-2:] = [applied, after]
         entry["runs"].append(len(runs) - 2)
         bases = [r["samples_per_s"] for r in (before, after) if r is not None and not r["error"]]
+        if len(bases) == 2:
+            set_nulls.append((bases[0], bases[1]))
         if applied["error"] or not bases:
             error = error or applied["error"] or "no baseline run measured anything"
         else:
-            values.append(applied["samples_per_s"] / statistics.fmean(bases))
-    entry.update(_gain(values, error))
-    if entry["median"] is not None:
-        entry["vanished"] = [fix for fix in ids if entry["median"] < FASTER * max(
-            measured[other] for other in ids if other != fix)]
+            pairs.append((statistics.fmean(bases), applied["samples_per_s"]))
+    entry.update(gain_entry(pairs, set_nulls, error) | trains_entry(loss_check(
+        [runs[i] for i in entry["runs"]], [run for run in runs if run["fix"] == BASELINE]), None))
+    if pairs:
+        together = [b / a for a, b in pairs]
+        for fix in ids:
+            best = max((other for other in ids if other != fix), key=lambda other: measured[other])
+            adds = decide([b / a for a, b in alone[best]], together, paired=False)
+            if adds.no_gain:
+                entry["vanished"].append(fix)
+            elif not adds.faster:
+                entry["undecided"].append(fix)
     return entry
 
 
@@ -239,14 +267,15 @@ def set_line(entry: Mapping[str, Any]) -> str:
     ids = " + ".join(entry["ids"])
     if entry.get("note"):
         return f"together: {entry['note']}"
-    if entry["median"] is None:
+    if entry.get("decision") is None:
         return f"together ({ids}): not measured: {entry['error'] or 'no result'}"
-    spread = (f" ({entry['min']:.2f}-{entry['max']:.2f}x over {entry['measured_repeats']} repeats)"
-              if entry["measured_repeats"] > 1 else "")
-    line = f"together ({ids}): {entry['median']:.2f}x{spread}"
+    line = f"together: {gain_line(ids, entry)}"
     if entry["vanished"]:
-        line += (f"; {', '.join(entry['vanished'])} gained nothing in the set (it is not {FASTER:g}x faster than the "
-                 "best of the others alone)")
+        line += (f"; {', '.join(entry['vanished'])} gained nothing in the set (it is decided no {FASTER:g}x faster "
+                 "than the best of the others alone)")
+    if entry.get("undecided"):
+        line += (f"; cannot tell what {', '.join(entry['undecided'])} adds to the others in the set (more repeats "
+                 "would tell)")
     return line
 
 
@@ -267,7 +296,8 @@ def verify_report(report: Report, target: str, *, module: bool = False, args: Se
         limit = "to its end" if max_seconds is None else f"up to {max_seconds:g} s"
         say(f"verify: {runs} more run(s) of the script, each in a fresh process and {limit}: "
             f"baseline, {', '.join(r.id for r in fixes)}, baseline" + (f"; x{repeats}" if repeats > 1 else "")
-            + f"; then, where 2 or more measure {FASTER:g}x or faster, those at once and a baseline"
+            + f"; then, where 2 or more are decided faster (by {FASTER:g}x, beyond the runs' noise) and train the "
+            "same, those at once and a baseline"
             + (" (each time)" if repeats > 1 else ""))
     try:
         ranked, info = verify_fixes(target, module=module, args=args, recommendations=report.recommendations,
@@ -281,9 +311,4 @@ def verify_report(report: Report, target: str, *, module: bool = False, args: Se
         drift = ", ".join(f"{d - 1:+.0%}" for d in info["baseline_drift"]) or "n/a"
         say(f"verify: baseline {' / '.join(baselines)} samples/s (drift after/before: {drift}); "
             f"{len(info['runs'])} run(s) in {info['seconds']:.0f} s")
-    for fix_id, gain in info["gains"].items():
-        if gain["median"] is None:
-            say(f"verify: {fix_id} not measured: {gain['error'] or 'no result'}")
-    if info["set"] is not None:
-        say(f"verify: {set_line(info['set'])}")
     return replace(report, recommendations=rank(ranked, by_run=report.whole_run is not None), verify=info)

@@ -1,7 +1,8 @@
 """One of `trainfast doctor --verify`'s runs of the script (report/verify.py): a fresh process
 (`python -m trainfast.diagnose.run.child SPEC.json`, the doctor inside `apply_overrides`) with the one environment,
-working directory and interpreter every run gets, killed with its loader workers on timeout, its report read back
-into the run's record; never raising for the script's or the child's failure."""
+working directory and interpreter every run gets, killed with its loader workers on timeout, its report and the
+script's own loss per step read back into the run's record; never raising for the script's or the child's
+failure."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 
 from trainfast.atomic import as_write_failure, write_json
 from trainfast.diagnose.capture.inject import LOADER_KEYS, needs_model
+from trainfast.diagnose.records.losses import LossTrace
 
 OUTPUT_TAIL_CHARS = 4000
 
@@ -70,7 +72,8 @@ def run_child(label: str, overrides: Mapping[str, Any] | None, spec: dict[str, A
                                 workdir / f"{name}.log")
     run: dict[str, Any] = {"fix": label, "overrides": dict(overrides) if overrides else None, "samples_per_s": None,
                            "verdict": None, "data_wait_fraction": None, "exit_code": None, "seconds": 0.0,
-                           "error": None, "loaders": []}
+                           "error": None, "loaders": [], "loss": None, "losses": [],
+                           "loss_from": None, "loss_steps": None, "loss_unseen": None}
     try:
         write_json(spec_path, spec | {"overrides": dict(overrides or {}), "out": str(out)})
     except Exception as e:
@@ -109,7 +112,7 @@ def run_child(label: str, overrides: Mapping[str, Any] | None, spec: dict[str, A
     loaders = [{k: loader.get(k) for k in ("index", "kind", *LOADER_KEYS)} for loader in report.get("loaders", [])]
     run.update(samples_per_s=_rate(report, whole_run=bool(spec.get("whole_run"))), verdict=report.get("verdict"),
                data_wait_fraction=report.get("data_wait_fraction"), exit_code=result.get("exit_code"),
-               loaders=loaders, events=list(injected.get("events") or []))
+               loaders=loaders, events=list(injected.get("events") or []), **_losses(result.get("loss")))
     if result.get("exit_code"):
         lines = (result.get("error") or "").strip().splitlines() or [f"exit code {result.get('exit_code')}"]
         run["error"] = f"the script failed: {lines[-1]}"
@@ -140,3 +143,12 @@ def _rate(report: Mapping[str, Any], *, whole_run: bool) -> float | None:
     return samples / wall if samples and wall else None
 
 
+def _losses(record: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A run's loss keys (docs/json-report.md `verify.runs[]`): per step from `loss_from` (`losses`), the steps
+    compared (`loss_steps`), the mean over the second half of those (`loss`), or why there is none (`loss_unseen`)."""
+    trace = LossTrace.from_json(record)
+    tail = trace.tail_steps
+    over = trace.over(tail) if tail is not None else None
+    unseen = trace.unseen or (None if over is not None else "no loss in its measured steps")
+    return {"loss": over[0] if over else None, "losses": list(trace.values), "loss_from": trace.first,
+            "loss_steps": list(trace.steps) if trace.steps else None, "loss_unseen": unseen}

@@ -4,10 +4,12 @@ Some settings sit inside a framework the user does not edit (a trainer that buil
 enters autocast). `doctor --verify` already measured those fixes by injecting them into the unmodified script
 (`capture/inject.py`'s `apply_overrides`); this module re-uses that injection for real runs:
 
-- `fixes_to_apply` picks the fixes from the report's JSON: by default each one `--verify` measured at least
-  `trainfast.decide.FASTER` times as fast that has something to inject, or exactly the ids asked for. Their overrides
-  are merged in the report's (ranked) order; where two set one key differently, the higher-ranked wins and a note
-  says so.
+- `fixes_to_apply` picks the fixes from the report's JSON: by default each one `--verify` decided faster
+  (`verify.gains.<fix>.decision`: trainfast.decide's verdict, at least `FASTER` beyond the runs' noise) that trains
+  the same (not `trains_same: false`: its loss departed from the baselines', or it is known to change what the model
+  sees) and has something to inject, or exactly the ids asked for (one that trains differently with a warning that
+  says so, with both losses). Their overrides are merged in the report's (ranked) order; where two set one key
+  differently, the higher-ranked wins and a note says so.
 - `run_applied` runs the script as `python script.py` (or `python -m module`) would, in this process as `__main__`,
   inside `apply_overrides`, with none of the doctor's hooks: it is the user's run, not a measurement.
 
@@ -28,7 +30,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from trainfast.decide import FASTER
+from trainfast.decide import FASTER, Decision
+
+# --verify's verdicts (trainfast.decide), as the line that says why nothing is applied words them
+VERDICT_WORDS = {"faster": "faster", "slower": "slower", "same": "no faster", "inconclusive": "cannot tell"}
 
 
 class ApplyError(ValueError):
@@ -52,16 +57,25 @@ class NothingToApply(ApplyError):
 
 @dataclass(frozen=True)
 class Fix:
-    """A fix chosen from the report, as it stands there."""
+    """A fix chosen from the report, as it stands there, with what `--verify` decided of it (`verify.gains`)."""
 
     id: str
     measured_gain: float | None  # --verify's samples/s with the fix over without it; None: not re-run, or no figure
     overrides: dict[str, Any]
     gain_basis: str  # "verified" after --verify, else "measured" or "estimate"
+    verdict: str | None = None  # --verify's decision: "faster", "slower", "same", "inconclusive"; None: none made
+    decided: str | None = None  # that decision in words, with its interval
+    trains_differently: str | None = None  # why --verify found it trains differently (both losses), or None
 
     @property
     def verified_faster(self) -> bool:
-        return self.gain_basis == "verified" and self.measured_gain is not None and self.measured_gain >= FASTER
+        """--verify decided it faster (trainfast.decide: at least `FASTER`, beyond the runs' noise)."""
+        return self.gain_basis == "verified" and self.verdict == "faster"
+
+    @property
+    def kept(self) -> bool:
+        """What `run --apply` applies unless told which: verified faster, and not known to train differently."""
+        return self.verified_faster and self.trains_differently is None
 
 
 @dataclass(frozen=True)
@@ -106,14 +120,15 @@ def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def fixes_to_apply(report: Mapping[str, Any], only: Sequence[str] | None = None) -> Selection:
     """The fixes of `report` (a doctor report's JSON) to apply: with `only`, exactly those ids (each must be a fix
-    with overrides; one not verified faster gets a warning); without, every fix `--verify` measured at least
-    `FASTER` times as fast that has overrides. ApplyError when the report is malformed, an id is not a fix that
-    can be applied, or nothing qualifies (NothingToApply); ValueError naming the fix where an override is one this
-    trainfast does not know. `report["verify"]` (the set of fixes measured together) does not change the choice."""
+    with overrides; one not verified faster, or that trains differently, gets a warning); without, every fix
+    `--verify` decided faster that trains the same and has overrides (`Fix.kept`). ApplyError when the report is
+    malformed, an id is not a fix that can be applied, or nothing qualifies (NothingToApply); ValueError naming the
+    fix where an override is one this trainfast does not know. `report["verify"]["set"]` (the fixes measured
+    together) does not change the choice."""
     fixes = _fixes(report)
     applicable = [fix.id for fix in fixes if fix.overrides]
     if only is None:
-        chosen = [fix for fix in fixes if fix.overrides and fix.verified_faster]
+        chosen = [fix for fix in fixes if fix.overrides and fix.kept]
         if not chosen:
             raise _nothing(fixes, applicable)
         warnings: list[str] = []
@@ -124,7 +139,7 @@ def fixes_to_apply(report: Mapping[str, Any], only: Sequence[str] | None = None)
                 raise ApplyError(_not_applicable(wanted, by_id.get(wanted), applicable))
         named = set(only)
         chosen = [fix for fix in fixes if fix.id in named]  # the report's order: its ranking decides conflicts
-        warnings = [_unverified(fix) for fix in chosen if not fix.verified_faster]
+        warnings = [_unverified(fix) for fix in chosen if not fix.kept]
     _check(chosen)
     from trainfast.diagnose.capture.inject import merge_overrides  # (torch: where a fix is applied)
 
@@ -135,7 +150,7 @@ def fixes_to_apply(report: Mapping[str, Any], only: Sequence[str] | None = None)
 def describe(selection: Selection, source: str) -> str:
     """The line said before the script starts: `applying 2 verified fix(es) from report.json: num_workers
     (num_workers=4, persistent_workers=True; verified 1.84x), ...`."""
-    kind = "verified " if all(fix.verified_faster for fix in selection.fixes) else ""
+    kind = "verified " if all(fix.kept for fix in selection.fixes) else ""
     parts = [f"{fix.id} ({format_overrides(fix.overrides)}; {_gain(fix)})" for fix in selection.fixes]
     return f"applying {len(selection.fixes)} {kind}fix(es) from {source}: {', '.join(parts)}"
 
@@ -203,10 +218,18 @@ def _script_frames(tb: TracebackType | None) -> TracebackType | None:
     return tb
 
 
+def verified_fixes(report: Mapping[str, Any]) -> list[Fix]:
+    """The report's fixes that `run --apply` applies by default (`Fix.kept`), in its order: `--patch` writes the
+    same ones."""
+    return [fix for fix in _fixes(report) if fix.kept]
+
+
 def _fixes(report: Mapping[str, Any]) -> list[Fix]:
     entries = report.get("recommendations")
     if not isinstance(entries, list):
         raise ApplyError("not a trainfast doctor report (no \"recommendations\" list)")
+    verify = report.get("verify")
+    gains = verify.get("gains") if isinstance(verify, Mapping) else None
     fixes = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, Mapping) or not isinstance(entry.get("id"), str):
@@ -216,8 +239,24 @@ def _fixes(report: Mapping[str, Any]) -> list[Fix]:
             raise ApplyError(f"fix {entry['id']!r}: its overrides are {overrides!r}, not an object")
         gain = entry.get("measured_gain")
         measured = float(gain) if isinstance(gain, (int, float)) and not isinstance(gain, bool) else None
-        fixes.append(Fix(entry["id"], measured, dict(overrides), str(entry.get("gain_basis") or "estimate")))
+        gain = gains.get(entry["id"]) if isinstance(gains, Mapping) else None
+        fixes.append(Fix(entry["id"], measured, dict(overrides), str(entry.get("gain_basis") or "estimate"),
+                         *_decision(gain)))
     return fixes
+
+
+def _decision(gain: Any) -> tuple[str | None, str | None, str | None]:
+    """(verdict, its words, why it trains differently) of a `verify.gains.<fix>` entry; Nones where it has none (a
+    report from before --verify decided, or a fix it could not run)."""
+    if not isinstance(gain, Mapping) or not isinstance(gain.get("decision"), Mapping):
+        return None, None, None
+    try:
+        decision = Decision(**gain["decision"])
+    except TypeError as e:
+        raise ApplyError(f"verify.gains has a decision this trainfast cannot read ({e}): re-run trainfast doctor "
+                         "--verify with this version") from None
+    differs = gain.get("trains_differently") if gain.get("trains_same") is False else None
+    return decision.verdict, decision.said("the baseline", "it"), str(differs) if differs else None
 
 
 def _nothing(fixes: list[Fix], applicable: list[str]) -> NothingToApply:
@@ -227,9 +266,18 @@ def _nothing(fixes: list[Fix], applicable: list[str]) -> NothingToApply:
     elif not verified:
         why = "the report has no verified fix (it was written without --verify)"
     else:
-        gains = ", ".join(f"{fix.id} {_gain(fix)}" for fix in verified)
-        why = f"no verified fix measured at least {FASTER:g}x as fast ({gains})"
+        gains = "; ".join(f"{fix.id} {_gain(fix)}{_why_not(fix)}" for fix in verified)
+        why = f"no verified fix was decided at least {FASTER:g}x as fast and trains the same ({gains})"
     return NothingToApply(why, applicable=applicable, verified=bool(verified))
+
+
+def _why_not(fix: Fix) -> str:
+    """Why a verified fix is not applied by default, after its gain: how it trains, or what was decided."""
+    if fix.trains_differently:
+        return f": {fix.trains_differently}"
+    if fix.verdict is None:
+        return " (no decision: a report from an older trainfast)" if fix.measured_gain is not None else ""
+    return f" ({VERDICT_WORDS.get(fix.verdict, fix.verdict)})"
 
 
 def _not_applicable(wanted: str, fix: Fix | None, applicable: list[str]) -> str:
@@ -245,8 +293,13 @@ def _unverified(fix: Fix) -> str:
         return f"fix {fix.id} was never verified (run `trainfast doctor --verify` to measure it); applied as asked"
     if fix.measured_gain is None:
         return f"fix {fix.id}: its --verify run gave no figure; applied as asked"
-    return (f"fix {fix.id} measured {fix.measured_gain:.2f}x with --verify, not at least {FASTER:g}x as fast; "
-            "applied as asked")
+    if fix.trains_differently:
+        return f"fix {fix.id} trains differently: {fix.trains_differently}; applied as asked"
+    if fix.verdict is None:
+        return (f"fix {fix.id} measured {fix.measured_gain:.2f}x with --verify, which decided nothing of it (a report "
+                "from an older trainfast: re-run trainfast doctor --verify); applied as asked")
+    return (f"fix {fix.id} is not decided at least {FASTER:g}x as fast by --verify ({fix.decided}); applied as "
+            "asked")
 
 
 def _gain(fix: Fix) -> str:
@@ -254,7 +307,8 @@ def _gain(fix: Fix) -> str:
         return "never verified"
     if fix.measured_gain is None:
         return "verified, no figure"
-    return f"{'verified' if fix.verified_faster else 'measured'} {fix.measured_gain:.2f}x"
+    return (f"{'verified' if fix.kept else 'measured'} {fix.measured_gain:.2f}x"
+            + (", trains differently" if fix.trains_differently else ""))
 
 
 def _check(fixes: Sequence[Fix]) -> None:

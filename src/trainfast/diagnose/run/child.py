@@ -1,5 +1,6 @@
 """`python -m trainfast.diagnose.run.child SPEC.json`: one of `--verify`'s runs of the script (report/verify.py), a
-doctor run with the spec's fix injected (capture/inject.py), its report written to the spec's `out` as JSON."""
+doctor run with the spec's fix injected (capture/inject.py), its report written to the spec's `out` as JSON, with
+the script's own loss per step beside it (`loss`: records/losses.py `LossTrace`, what verify compares)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          whole_run=bool(spec.get("whole_run")),
                          probe_gains=False)  # the fix itself is what this run measures
     write_json(spec["out"], {"exit_code": run.exit_code, "error": run.error, "report": run.report.to_json(),
+                             "loss": run.loss.to_json() if run.loss is not None else None,
                              "injected": {"events": injected.events, "model": injected.model,
                                           "fell_back": injected.fell_back}})
     return 0

@@ -54,6 +54,7 @@ from trainfast.diagnose.capture.window import MEASURE
 from trainfast.diagnose.evidence.evidence import evidence_of
 from trainfast.diagnose.evidence.wholerun import account, run_evidence
 from trainfast.diagnose.fixes.rule import run_trials_wanted, trials_wanted
+from trainfast.diagnose.records.losses import LossTrace
 from trainfast.diagnose.records.steps import LoaderStats
 from trainfast.diagnose.report.job import job_report
 from trainfast.diagnose.report.report import Report, build
@@ -77,6 +78,9 @@ class DoctorRun:
     rank: int = 0
     world_size: int = 1
     published: bool = False
+    # The script's own loss per step, as its backwards saw it (capture/losses.py): what `--verify` compares between
+    # a fix's run and the baselines' (records/losses.py). Not in the report: a report is a function of its capture.
+    loss: LossTrace | None = None
 
 
 # Long enough for a slow start (dataset indexing, compilation) and 35 steps of a second each.
@@ -164,9 +168,11 @@ def run_doctor(target: str, *, module: bool = False, args: list[str] | None = No
     if whole is not None:  # after torchrun restarted the job (capture/attempts.py)
         whole.lost = whole.entry["lost_progress"] = None if record is None else lost_progress(
             record.store, attempt=attempt_of(), run=run, started=record.ledger.process_start + record.to_unix)
+    loss = inst.steps.losses.read()  # (after the script: reading the scalars waits for the device once)
     try:
         result = _report(timeline, inst, monitor, checks=checks, target=target, module=module, args=args, end=end,
                          steps=steps, script_benchmark=script_benchmark, agreement=agreement, whole=whole)
+        result = replace(result, loss=loss)
     finally:
         # After the job's report: without torchrun's agent, rank 0's process group hosts the store the ranks
         # send their figures through

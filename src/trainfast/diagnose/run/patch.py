@@ -1,10 +1,11 @@
 """`trainfast doctor --patch FILE`: the report's loader fixes made permanent in the script's own source, as a
 unified diff (show/patch.py writes it with libcst; `git apply FILE` takes it).
 
-Which fixes: with `--verify`, those verified at least `FASTER` times as fast (what `trainfast run --apply` applies);
-without, every loader fix the report proposes, said to be unverified. A fix is patched where the doctor saw the
-script's own `DataLoader(...)` call (`where`, fixes/where.py); its DataLoader keywords only: an override that is not
-one (the intra-op threads a worker fix comes with) is named for the user to set."""
+Which fixes: with `--verify`, those decided faster that train the same (what `trainfast run --apply` applies:
+run/apply.py `verified_fixes`); without, every loader fix the report proposes, said to be unverified. A fix is
+patched where the doctor saw the script's own `DataLoader(...)` call (`where`, fixes/where.py); its DataLoader
+keywords only: an override that is not one (the intra-op threads a worker fix comes with) is named for the user to
+set."""
 
 from __future__ import annotations
 
@@ -12,15 +13,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trainfast.diagnose.capture.inject import LOADER_KEYS
-from trainfast.diagnose.show.patch import KeywordEdit, KeywordPatch, keyword_patch
 from trainfast.decide import FASTER
+from trainfast.diagnose.capture.inject import LOADER_KEYS
+from trainfast.diagnose.run.apply import verified_fixes
+from trainfast.diagnose.show.patch import KeywordEdit, KeywordPatch, keyword_patch
 
 
 def report_patch(report: Mapping[str, Any], *, root: Path) -> tuple[KeywordPatch, list[str]]:
     """The diff for `report` (a doctor report's JSON), paths relative to `root`, and the notes on what it leaves to
     the user (a fix with no DataLoader call of the script's own, a setting that is not a keyword)."""
     verified = report.get("verify") is not None
+    kept = {fix.id for fix in verified_fixes(report)} if verified else set()
     edits: list[KeywordEdit] = []
     notes: list[str] = []
     for fix in report.get("recommendations") or []:
@@ -28,7 +31,7 @@ def report_patch(report: Mapping[str, Any], *, root: Path) -> tuple[KeywordPatch
         keywords = {k: v for k, v in overrides.items() if k in LOADER_KEYS}
         if not keywords:
             continue
-        if verified and not (fix.get("gain_basis") == "verified" and (fix.get("measured_gain") or 0) >= FASTER):
+        if verified and fix["id"] not in kept:
             continue
         where = fix.get("where") or {}
         if where.get("what") != "loader" or not where.get("file"):
@@ -40,6 +43,6 @@ def report_patch(report: Mapping[str, Any], *, root: Path) -> tuple[KeywordPatch
             notes.append(f"{fix['id']}: also torch.set_num_threads({overrides['threads']}) at the script's start "
                          "(not a DataLoader argument: not in the patch)")
     if not verified and edits:
-        notes.append(f"not verified: these are the doctor's proposals; --verify keeps only the fixes measured "
-                     f"{FASTER:g}x or faster")
+        notes.append(f"not verified: these are the doctor's proposals; --verify keeps only the fixes it decides "
+                     f"faster (by {FASTER:g}x, beyond the runs' noise) that train the same")
     return keyword_patch(edits, root=root), notes

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainfast.diagnose.evidence.comms import collective_words
+from trainfast.diagnose.report.verify_gains import verified_cell
 from trainfast.diagnose.show.html_read import (
     NA,
     _bytes,
@@ -181,8 +182,15 @@ def _fixes(report: dict[str, Any]) -> str:
         if run_gain is not None:  # --whole-run: the gain on the run's wall time
             gain_html += f'<div class="gain" title="gain on the whole run\'s wall time">run {gain_text(run_gain)}</div>'
         measured = _num(rec.get("measured_gain"))
-        if measured is not None:  # --verify re-ran the script with the fix
+        verified = _dict(_dict(_dict(report.get("verify")).get("gains")).get(str(rec.get("id"))))
+        cell = verified_cell(verified)
+        if cell:  # --verify re-ran the script with the fix and decided
+            gain_html += (f'<div class="gain" title="measured speed-up (--verify): its interval and verdict">measured '
+                          f'{escape(" · ".join(cell))}</div>')
+        elif measured is not None:  # --verify re-ran the script with the fix
             gain_html += f'<div class="gain" title="measured speed-up (--verify)">measured {gain_text(measured)}</div>'
+        if verified.get("trains_differently"):
+            gain_html += f'<div class="why">trains differently: {escape(str(verified["trains_differently"]))}</div>'
         rid = f' <span class="muted">({escape(rec["id"])})</span>' if rec.get("id") not in (None, "") else ""
         where = where_line(_dict(rec.get("where"))) if rec.get("where") else ""
         where_html = f'<div class="how">{escape(where)}</div>' if where else ""

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from trainfast.diagnose.report.job import PHASE_WORDS, STRAGGLER_SHARE, _ms, job_collectives
 from trainfast.diagnose.report.verify import set_line
+from trainfast.diagnose.report.verify_gains import verified_cell
 from trainfast.diagnose.show.look import NO_VERDICT, PARTS, PHASE_COLOURS, VERDICTS
 from trainfast.diagnose.show.text import (
     compute_line,
@@ -95,13 +96,15 @@ def _fixes(report: Mapping[str, Any]) -> Table:
         basis = "measured" if r["gain_basis"] != "estimate" else "estimate"  # (verified: its own column)
         expected = f"{gain(r['expected_gain'])}\n{basis}" if r["expected_gain"] else f"?\n{basis}"
         run = (gain(r["run_gain"]) if r["run_gain"] else "-",) if whole else ()
-        measured = (gain(r["measured_gain"]) if r["measured_gain"] is not None else "-",) if verified else ()
+        measured = (_verified(report, r),) if verified else ()
         reason = r.get("gain_basis_reason")
         estimate = f"\nan estimate: {reason}" if r["gain_basis"] == "estimate" and reason else ""
         fix = f"\nfix: [cyan]{escape(r['fix'])}[/]" if r["fix"] else ""
         where = f"\n{escape(where_line(r['where']))}" if r.get("where") else ""
         unverified = verify_error(report, r["id"]) if verified and r["measured_gain"] is None else None
         fix += f"\nnot verified: {escape(unverified)}" if unverified else ""
+        differs = _gain_of(report, r["id"]).get("trains_differently") if verified else None
+        fix += f"\n[yellow]trains differently[/]: {escape(differs)}" if differs else ""
         table.add_row(r["id"], *run, expected, *measured,
                       f"[bold]{r['title']}[/]\nwhy: {r['why']}{estimate}{fix}{where}")
     return table
@@ -109,8 +112,19 @@ def _fixes(report: Mapping[str, Any]) -> Table:
 
 def verify_error(report: Mapping[str, Any], fix_id: str) -> str | None:
     """Why --verify has no figure for a fix it tried (a failed run, a compile that fell back), or None."""
-    gain = ((report.get("verify") or {}).get("gains") or {}).get(fix_id)
-    return gain.get("error") if gain else None
+    return _gain_of(report, fix_id).get("error")
+
+
+def _gain_of(report: Mapping[str, Any], fix_id: str) -> Mapping[str, Any]:
+    return ((report.get("verify") or {}).get("gains") or {}).get(fix_id) or {}
+
+
+def _verified(report: Mapping[str, Any], r: Mapping[str, Any]) -> str:
+    """The "verified" cell: the ratio, its interval, the decision and how it trains (report/verify_gains.py)."""
+    cell = verified_cell(_gain_of(report, r["id"]))
+    if cell:
+        return "\n".join(cell)
+    return gain(r["measured_gain"]) if r["measured_gain"] is not None else "-"
 
 
 SPARKS = "▁▂▃▄▅▆▇█"
