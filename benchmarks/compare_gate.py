@@ -70,11 +70,13 @@ def main() -> None:
     result: dict[str, Any] = {"hardware": hardware(), "slower": opts.slower, "steps": int(STEPS[1])}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        first = doctor(SCRIPT, root / "first.json")
-        step_s = 32 / first["samples_per_s"]  # batches of 32
+        # the step's time: the fastest of 3 runs (a run slowed by other work would make the sleep too short a share)
+        rates = [doctor(SCRIPT, root / f"first{i}.json")["samples_per_s"] for i in range(3)]
+        step_s = 32 / max(rates)  # batches of 32
         script = slowed(root, opts.slower * step_s)
         print(f"a step: {step_s * 1e3:.1f} ms; the slowed copy sleeps {opts.slower * step_s * 1e3:.1f} ms a step",
               flush=True)
+        result["step_s"], result["sleep_s"] = step_s, opts.slower * step_s
         singles = []
         for i in range(opts.singles):
             a, b = doctor(SCRIPT, root / f"a{i}.json"), doctor(SCRIPT, root / f"b{i}.json")
@@ -98,6 +100,9 @@ def main() -> None:
         sizes = [r["runs_a_side"] for r in rows if r["runs_a_side"]]
         result[f"{kind}_runs_a_side"] = {"median": statistics.median(sizes) if sizes else None,
                                          "min": min(sizes, default=None), "max": max(sizes, default=None)}
+    measured = [r["slowdown_pct"] for r in trials["slowed"] if r["slowdown_pct"] is not None]
+    result["slowed_measured_pct"] = statistics.median(measured) if measured else None
+    print(f"the slowed copy measured {result['slowed_measured_pct']} % slower (median of its gates' estimates)")
     print(f"{describe(result['hardware'])}: one report a side, same script: exits {result['singles_exits']} of "
           f"{opts.singles}; --runs 3: {opts.slower:.0%} slowed exits {result['slowed_exits']} (runs a side "
           f"{result['slowed_runs_a_side']}), same script exits {result['same_exits']} (runs a side "
