@@ -38,7 +38,9 @@ from trainfast.diagnose.compare.gate import compare
 from trainfast.diagnose.compare.judge import judge
 from trainfast.trainer.config import ConfigError
 
-MAX_RUNS = 12  # a side, --runs' default budget: a 15 % slowdown at --fail-slower 5 is found in >= 90 % by then
+# a side, --runs' default budget: a 15 % slowdown at --fail-slower 5 is found in >= 90 % of simulated gates (real
+# doctor runs here spread wider and find it less often: BENCHMARKS.md, "The decision")
+MAX_RUNS = 12
 
 EXAMPLES = f"""examples:
   trainfast compare base.json new.json                  # side by side: each change with its interval
