@@ -106,11 +106,6 @@ class Decision:
         return self.verdict != "inconclusive"
 
     @property
-    def not_slower(self) -> bool:
-        """B is not slower than A by `threshold`: the interval's low end is above 1 / threshold."""
-        return self.low > 1 / self.threshold
-
-    @property
     def no_gain(self) -> bool:
         """B is not faster than A by `threshold`: the interval's high end is below it."""
         return self.high < self.threshold
@@ -200,8 +195,7 @@ def decide_rounds(median: float, low: float, high: float, rounds: int, *, thresh
     level = 1 - (1 - confidence) / (2 * max(1, looks))
     d2 = _RANGE_D2[rounds] if rounds < len(_RANGE_D2) else _RANGE_D2[-1] + 0.8 * math.log(rounds / 12)
     spread = (math.log(high) - math.log(low)) / d2 if rounds > 1 else 0.0
-    df = noise.weight + rounds - 1
-    sd = math.sqrt((noise.weight * noise.sd ** 2 + (rounds - 1) * spread ** 2) / df)
+    sd, df = _with_prior(noise.sd, noise.weight, (rounds - 1) * spread ** 2, rounds - 1)
     half = t_quantile(level, df) * sd * _median_factor(rounds) / math.sqrt(rounds)
     centre = math.log(median)
     lo, hi = math.exp(centre - half), math.exp(centre + half)
@@ -242,7 +236,12 @@ def _pooled(groups: Sequence[Sequence[float]], prior_sd: float, weight: float,
     mean is 0 by design (a setting against itself), one degree of freedom each."""
     ss = sum(sum((x - statistics.fmean(g)) ** 2 for x in g) for g in groups if len(g) > 1) + sum(x * x for x in
                                                                                                 known_zero)
-    df_data = sum(len(g) - 1 for g in groups) + len(known_zero)
+    return _with_prior(prior_sd, weight, ss, sum(len(g) - 1 for g in groups) + len(known_zero))
+
+
+def _with_prior(prior_sd: float, weight: float, ss: float, df_data: float) -> tuple[float, float]:
+    """A spread from `ss` (sum of squared deviations) on `df_data` degrees of freedom, pooled with the prior worth
+    `weight` (module doc), and its degrees of freedom."""
     df = weight + df_data
     return math.sqrt((weight * prior_sd ** 2 + ss) / df), df
 
